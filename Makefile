@@ -1,0 +1,71 @@
+# kda — make builds ./kda (and the CUDA kernels when nvcc exists); make test runs every CPU test.
+#   make            build ./kda
+#   make test       C tests (+ ASan/UBSan build of them), Lua tests, CLI tests -> "N passed, N failed"
+#   make data       the full four-domain corpus into data/ (Debian packages)
+#   make data-small the small corpus CI and the CPU ladder use
+#   make test-gpu   CUDA ops vs CPU, graph replay, determinism (needs a GPU)
+#   make bench      GPU benchmarks against the PyTorch peers (needs a GPU)
+CC      ?= gcc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+LUAJIT_INC ?= /usr/include/luajit-2.1
+LUAJIT_LIB ?= /usr/lib/x86_64-linux-gnu/libluajit-5.1.a
+GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -Icore -I$(LUAJIT_INC) -DKDA_GIT_REV=\"$(GIT_REV)\"
+LDLIBS  = $(LUAJIT_LIB) -Wl,-Bstatic -lopenblas -ledit -Wl,-Bdynamic -lgfortran -ltinfo -lbsd -lm -ldl -lpthread
+LDFLAGS += -fopenmp -Wl,-E
+
+CORE_SRC  = $(filter-out core/main.c,$(wildcard core/*.c))
+CORE_OBJ  = $(CORE_SRC:core/%.c=build/core/%.o)
+CU_SRC    = $(wildcard kernels/*.cu)
+ifneq ($(NVCC),)
+CU_OBJ    = $(CU_SRC:kernels/%.cu=build/cuda/%.o)
+NVFLAGS  ?= -O3 -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Icore -Ikernels -Xcompiler -Wall
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl
+endif
+TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+
+all: kda
+
+kda: build/core/main.o $(CORE_OBJ) $(CU_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+build/core/%.o: core/%.c $(wildcard core/*.h) | build/core
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+build/cuda/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+build/tests/%: tests/%.c $(CORE_OBJ) $(CU_OBJ) | build/tests
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
+
+build/core build/cuda build/tests build/asan:
+	mkdir -p $@
+
+# The C tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CPU code only).
+ASAN = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+build/asan/%: tests/%.c $(CORE_SRC) | build/asan
+	$(CC) $(CFLAGS) $(ASAN) -O1 $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: kda $(TESTS) $(TESTS:build/tests/%=build/asan/%)
+	@bash tests/run.sh
+
+test-gpu: kda
+	@bash tests/gpu/run.sh
+
+bench: kda
+	@bash benches/run.sh
+
+data:
+	bash vendor/data.sh full
+
+data-small:
+	bash vendor/data.sh small
+
+clean:
+	rm -rf build kda
+
+.PHONY: all test test-gpu bench data data-small clean
+.SECONDARY:

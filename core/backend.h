@@ -1,0 +1,54 @@
+/* backend.h — what a backend implements (internal; not part of the FFI cdef).
+ *
+ * The plan (core/plan.c) turns a graph into a flat list of kda_exec_node: every input and the
+ * output already resolved to a pointer in the backend's memory, with dtype and shape. A backend
+ * runs that list. The CPU backend (core/cpu_*.c) is the reference; the CUDA backend
+ * (kernels/backend_cuda.cu) must produce the same numbers within the tolerances of its tests.
+ *
+ * Storage dtypes: on the CPU every float tensor is f32. On CUDA the plan stores activations as
+ * bf16 and keeps f32 for parameters, their gradients, optimizer state, losses and scalars; each
+ * kda_tview says which. Integer tensors (token ids, targets) are i32 on both.              */
+#ifndef KDA_BACKEND_H
+#define KDA_BACKEND_H
+#include "kda.h"
+
+typedef struct kda_tview {
+  void *data;          /* backend memory (host for CPU, device for CUDA) */
+  int32_t dtype;       /* enum kda_dtype */
+  int32_t ndim;
+  int64_t shape[4];
+} kda_tview;
+
+typedef struct kda_exec_node {
+  int32_t op;          /* enum kda_op */
+  int32_t id;          /* graph node id, for error messages */
+  int32_t nin;
+  kda_tview *in;       /* nin views */
+  kda_tview out;       /* for in-place ops (SCHEDULE, ADAMW) out aliases in[0] */
+  int64_t iattr[8];
+  float fattr[8];
+} kda_exec_node;
+
+typedef struct kda_backend {
+  const char *name;
+  void *(*alloc)(int64_t bytes);                  /* zero-filled; NULL + error on failure */
+  void (*free)(void *p);
+  int (*write)(void *dst, const void *src, int64_t bytes); /* host -> backend */
+  int (*read)(void *dst, const void *src, int64_t bytes);  /* backend -> host */
+  /* Run nodes[0..n) in order. `key` identifies the list (the same key always means the same
+   * list with the same pointers), so a backend may capture it once and replay it. */
+  int (*run)(const kda_exec_node *nodes, int n, int key);
+} kda_backend;
+
+const kda_backend *kda_cpu_backend(void);
+const kda_backend *kda_cuda_backend(void);   /* NULL when built without CUDA or no device */
+
+/* One CPU op: the reference implementation for every backend and for eager tensors. */
+int kda_cpu_run_node(const kda_exec_node *n);
+
+static inline int64_t kda_tview_numel(const kda_tview *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+#endif

@@ -1,0 +1,177 @@
+/* kda.h — the public C API of kda, and the LuaJIT FFI cdef (lua/kda/ffi.lua strips the
+ * preprocessor lines and feeds the rest to ffi.cdef).
+ *
+ * kda trains byte-level language models. Lua composes; C computes. The path of a step:
+ *
+ *   g = kda_graph_new()                            -- record, do not compute
+ *   x = kda_graph_input(g, "tokens", KDA_I32, 2, {B,T})
+ *   w = kda_graph_param(g, "wte", 2, {256,D}, KDA_INIT_NORMAL, 0.02f, KDA_PARAM_NO_DECAY)
+ *   h = kda_graph_op(g, KDA_OP_EMBED, 2, {w,x}, NULL, NULL)  ... loss = KDA_OP_MEAN(...)
+ *   kda_graph_backward(g, loss)                    -- one backward rule per op, emits nodes
+ *   kda_graph_adamw(g, &cfg)                       -- in-place optimizer nodes + lr schedule
+ *   p = kda_plan_build(g, KDA_BACKEND_CPU)         -- order, liveness, one arena, persistent state
+ *   kda_plan_init_params(p, seed)
+ *   loop: kda_plan_write(p, x, batch); kda_plan_run(p, KDA_RUN_STEP); kda_plan_read(p, loss, &l)
+ *
+ * Conventions
+ *   - Row-major, contiguous. A shape has 1..4 dims. Node ids are int32 >= 0; -1 means error.
+ *   - Functions returning int return 0 on success, -1 on error; kda_last_error() says why
+ *     (one line naming the thing and what to do). Internal invariants abort with file:line.
+ *   - Sizes are int64_t. No struct is passed by value.
+ *   - Every op has a CPU forward (the reference) and a backward rule that emits nodes.
+ *     Ops with several results write one packed buffer; the backward rule cuts it with VIEWs.
+ */
+#ifndef KDA_H
+#define KDA_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors and version -------------------------------------------------------------- */
+const char *kda_last_error(void);            /* message of the last failed call, "" if none */
+void kda_clear_error(void);
+const char *kda_version(void);               /* "kda 0.1.0 (git abc1234)" */
+int kda_cuda_available(void);                /* 1 when built with CUDA and a device answers */
+
+/* ---- dtypes ---------------------------------------------------------------------------- */
+enum kda_dtype { KDA_F32 = 0, KDA_BF16 = 1, KDA_I32 = 2, KDA_U8 = 3, KDA_F64 = 4 };
+int64_t kda_dtype_size(int dtype);
+const char *kda_dtype_name(int dtype);
+
+/* ---- ops ---------------------------------------------------------------------------------
+ * Shapes: ... = any leading dims, N = rows (product of leading dims), D = last dim.
+ * iattr: up to 8 int64 attributes; fattr: up to 8 float attributes.                         */
+enum kda_op {
+  KDA_OP_INPUT = 0,       /* leaf fed by kda_plan_write each step                           */
+  KDA_OP_PARAM,           /* leaf, persistent f32, trained                                  */
+  KDA_OP_MATMUL,          /* (a, b) -> op(a)@op(b). a [M,K] or [Bt,M,K]; b [K,N] or [Bt,K,N];
+                             iattr0 = transpose a (last two dims), iattr1 = transpose b      */
+  KDA_OP_ADD,             /* (a, b) -> a+b; b has a's shape or is [D] (broadcast over rows)  */
+  KDA_OP_MUL,             /* (a, b) -> a*b; same rule as ADD                                 */
+  KDA_OP_SCALE,           /* (a) -> a*fattr0                                                 */
+  KDA_OP_SUM_ROWS,        /* (a [...,D]) -> [D], sum over all rows (bias gradient)           */
+  KDA_OP_EMBED,           /* (table [V,D] f32, idx [...] i32) -> [...,D]                     */
+  KDA_OP_EMBED_BWD,       /* (dy [...,D], idx [...]) -> [V,D] scatter-add; iattr0 = V        */
+  KDA_OP_RMSNORM,         /* (x [...,D], w [D]) -> x/rms(x)*w; fattr0 = eps                  */
+  KDA_OP_RMSNORM_BWD,     /* (x, w, dy) -> packed [N*D + D] = dx then dw; fattr0 = eps       */
+  KDA_OP_SILU,            /* (x) -> x*sigmoid(x)                                             */
+  KDA_OP_SILU_BWD,        /* (x, dy) -> dx                                                   */
+  KDA_OP_GELU,            /* (x) -> tanh-approximated GELU                                   */
+  KDA_OP_GELU_BWD,        /* (x, dy) -> dx                                                   */
+  KDA_OP_SWIGLU,          /* (a, b) -> silu(a)*b                                             */
+  KDA_OP_SWIGLU_BWD,      /* (a, b, dy) -> packed [2,...] = da then db                       */
+  KDA_OP_SOFTMAX,         /* (x [...,D]) -> softmax over the last dim                        */
+  KDA_OP_SOFTMAX_BWD,     /* (y, dy) -> dx                                                   */
+  KDA_OP_ROPE,            /* (x [B,T,H,Dh]) -> rotary position embedding, pairs (i, i+Dh/2);
+                             fattr0 = theta base; iattr0 = 1 rotates backwards (the gradient) */
+  KDA_OP_ATTENTION,       /* (q,k,v [B,T,H,Dh]) -> causal softmax(q k^T * s) v, [B,T,H,Dh];
+                             fattr0 = s (0 means 1/sqrt(Dh))                                 */
+  KDA_OP_ATTENTION_BWD,   /* (q,k,v,dout) -> packed [3,B,T,H,Dh] = dq, dk, dv; fattr0 = s    */
+  KDA_OP_CROSS_ENTROPY,   /* (logits [N,V], target [N] i32) -> [N] loss in bits per target   */
+  KDA_OP_CROSS_ENTROPY_BWD,/* (logits, target, dloss [N]) -> dlogits [N,V]                   */
+  KDA_OP_SUM,             /* (x) -> [1] sum of all elements                                  */
+  KDA_OP_MEAN,            /* (x) -> [1] mean of all elements                                 */
+  KDA_OP_FILL,            /* (s [1]) -> s*fattr0 broadcast to shape iattr[1..ndim], ndim=iattr0 */
+  KDA_OP_VIEW,            /* (x) -> alias of x's buffer: iattr0 = element offset, iattr1 = ndim,
+                             iattr2.. = shape. Reshape and row slices are views.              */
+  KDA_OP_TRANSPOSE,       /* (x) -> copy with dims iattr0 and iattr1 swapped                 */
+  KDA_OP_SIGMOID,         /* (x) -> 1/(1+exp(-x))                                            */
+  KDA_OP_SIGMOID_BWD,     /* (y, dy) -> dy*y*(1-y)                                           */
+  KDA_OP_GRAD_NORM,       /* (g0, g1, ...) -> [1] sqrt(sum of squares of every input)        */
+  KDA_OP_SCHEDULE,        /* (state [4]) -> in place: state = {step, lr, loss_scale, spare};
+                             step += 1, lr from the schedule in fattr/iattr (kda_adamw_config) */
+  KDA_OP_ADAMW,           /* (param, grad, m, v, gnorm [1], state [4]) -> in place update    */
+  KDA_OP_COUNT
+};
+const char *kda_op_name(int op);
+
+/* ---- eager tensors (the REPL and tests) ---------------------------------------------------
+ * A host tensor that owns its memory (or views another's). kda_tensor_op runs one op on the
+ * CPU through the same code the graph executor uses, and returns a new tensor.               */
+typedef struct kda_tensor kda_tensor;
+kda_tensor *kda_tensor_new(int dtype, int ndim, const int64_t *shape);  /* zero-filled */
+kda_tensor *kda_tensor_view(kda_tensor *base, int64_t offset, int ndim, const int64_t *shape);
+void kda_tensor_free(kda_tensor *t);
+void *kda_tensor_data(kda_tensor *t);
+int kda_tensor_dtype(const kda_tensor *t);
+int kda_tensor_ndim(const kda_tensor *t);
+int64_t kda_tensor_dim(const kda_tensor *t, int i);
+int64_t kda_tensor_numel(const kda_tensor *t);
+void kda_tensor_randn(kda_tensor *t, uint64_t seed, float std); /* f32 only, deterministic */
+kda_tensor *kda_tensor_op(int op, int nin, kda_tensor *const *in, const int64_t *iattr,
+                          const float *fattr);                     /* NULL on error */
+kda_tensor *kda_tensor_cast(kda_tensor *t, int dtype);             /* new tensor, converted */
+
+/* ---- graphs --------------------------------------------------------------------------------*/
+typedef struct kda_graph kda_graph;
+enum kda_init { KDA_INIT_ZERO = 0, KDA_INIT_ONE = 1, KDA_INIT_NORMAL = 2, KDA_INIT_UNIFORM = 3 };
+enum kda_param_flags { KDA_PARAM_NO_DECAY = 1 };
+kda_graph *kda_graph_new(void);
+void kda_graph_free(kda_graph *g);
+int32_t kda_graph_input(kda_graph *g, const char *name, int dtype, int ndim, const int64_t *shape);
+int32_t kda_graph_param(kda_graph *g, const char *name, int ndim, const int64_t *shape, int init,
+                        float scale, int flags);  /* NORMAL: std=scale; UNIFORM: +-scale */
+int32_t kda_graph_op(kda_graph *g, int op, int nin, const int32_t *in, const int64_t *iattr,
+                     const float *fattr);         /* records a node, checks shapes */
+int kda_graph_keep(kda_graph *g, int32_t id);     /* host reads it after runs: never overwritten */
+int kda_graph_backward(kda_graph *g, int32_t loss); /* emits gradient nodes for every param */
+int32_t kda_graph_grad(const kda_graph *g, int32_t node); /* gradient node of node, or -1 */
+int32_t kda_graph_nnodes(const kda_graph *g);
+int kda_graph_node_op(const kda_graph *g, int32_t id);
+int kda_graph_node_dtype(const kda_graph *g, int32_t id);
+int kda_graph_node_ndim(const kda_graph *g, int32_t id);
+int64_t kda_graph_node_dim(const kda_graph *g, int32_t id, int i);
+const char *kda_graph_node_name(const kda_graph *g, int32_t id); /* "" for unnamed nodes */
+int32_t kda_graph_find(const kda_graph *g, const char *name);     /* -1 if absent */
+int64_t kda_graph_param_count(const kda_graph *g);                /* trained scalars */
+
+enum kda_schedule { KDA_SCHED_CONSTANT = 0, KDA_SCHED_COSINE = 1, KDA_SCHED_WSD = 2 };
+typedef struct kda_adamw_config {
+  float lr, beta1, beta2, eps, weight_decay;
+  float clip;             /* global grad-norm clip; 0 disables */
+  float min_lr_frac;      /* final lr = lr * min_lr_frac */
+  float decay_frac;       /* WSD: share of steps spent decaying at the end */
+  int32_t schedule;       /* enum kda_schedule */
+  int32_t warmup_steps, total_steps;
+} kda_adamw_config;
+int kda_graph_adamw(kda_graph *g, const kda_adamw_config *cfg);
+int32_t kda_graph_state_node(const kda_graph *g); /* the [4] {step, lr, ...} state, or -1 */
+int32_t kda_graph_gnorm_node(const kda_graph *g); /* the [1] global grad norm, or -1 */
+
+/* ---- plans: order, liveness, arena, persistent buffers, execution ------------------------ */
+typedef struct kda_plan kda_plan;
+enum kda_backend_kind { KDA_BACKEND_CPU = 0, KDA_BACKEND_CUDA = 1 };
+enum kda_run_what { KDA_RUN_STEP = 0, KDA_RUN_FORWARD = 1 };
+kda_plan *kda_plan_build(kda_graph *g, int backend); /* NULL on error (e.g. out of memory) */
+void kda_plan_free(kda_plan *p);
+int64_t kda_plan_arena_bytes(const kda_plan *p);     /* planned arena */
+int64_t kda_plan_naive_bytes(const kda_plan *p);     /* sum of every transient buffer */
+int64_t kda_plan_persistent_bytes(const kda_plan *p);/* params, optimizer state, inputs */
+int64_t kda_plan_node_offset(const kda_plan *p, int32_t id); /* arena offset, -1 if not arena */
+int kda_plan_node_live(const kda_plan *p, int32_t id, int32_t *first, int32_t *last);
+int kda_plan_init_params(kda_plan *p, uint64_t seed);
+int kda_plan_run(kda_plan *p, int what);
+int kda_plan_write(kda_plan *p, int32_t id, const void *src, int64_t bytes);
+int kda_plan_read(kda_plan *p, int32_t id, void *dst, int64_t bytes);
+int kda_plan_node_dtype(const kda_plan *p, int32_t id); /* storage dtype on this backend */
+int kda_plan_nstate(const kda_plan *p);              /* persistent buffers: params, m, v, state */
+const char *kda_plan_state_name(const kda_plan *p, int i); /* "wte", "wte.adam_m", ... */
+int32_t kda_plan_state_node(const kda_plan *p, int i);
+double kda_plan_op_seconds(const kda_plan *p, int op); /* CPU time spent per op since build */
+int kda_plan_set_profile(kda_plan *p, int on);
+
+/* ---- utilities and the host (core/main.c) ------------------------------------------------ */
+double kda_now(void);                                 /* monotonic seconds */
+int kda_interrupted(void);                            /* 1 after Ctrl-C: stop after this step */
+void kda_clear_interrupt(void);
+const char *kda_readline(const char *prompt);         /* NULL at end of input; valid until next call */
+void kda_history_add(const char *line);
+int kda_history_load(const char *path);
+int kda_history_save(const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,257 @@
+/* ops.c — op names and shape inference.
+ *
+ * Every op checks its inputs here, once, when it is recorded; the executors trust the shapes.
+ * A failed check is a user error (a recipe built a bad model), so it names the op, the shapes
+ * and what was expected.                                                                   */
+#include <string.h>
+#include "internal.h"
+#include "ops.h"
+
+static const char *op_names[KDA_OP_COUNT] = {
+    [KDA_OP_INPUT] = "input",          [KDA_OP_PARAM] = "param",
+    [KDA_OP_MATMUL] = "matmul",        [KDA_OP_ADD] = "add",
+    [KDA_OP_MUL] = "mul",              [KDA_OP_SCALE] = "scale",
+    [KDA_OP_SUM_ROWS] = "sum_rows",    [KDA_OP_EMBED] = "embed",
+    [KDA_OP_EMBED_BWD] = "embed_bwd",  [KDA_OP_RMSNORM] = "rmsnorm",
+    [KDA_OP_RMSNORM_BWD] = "rmsnorm_bwd", [KDA_OP_SILU] = "silu",
+    [KDA_OP_SILU_BWD] = "silu_bwd",    [KDA_OP_GELU] = "gelu",
+    [KDA_OP_GELU_BWD] = "gelu_bwd",    [KDA_OP_SWIGLU] = "swiglu",
+    [KDA_OP_SWIGLU_BWD] = "swiglu_bwd", [KDA_OP_SOFTMAX] = "softmax",
+    [KDA_OP_SOFTMAX_BWD] = "softmax_bwd", [KDA_OP_ROPE] = "rope",
+    [KDA_OP_ATTENTION] = "attention",  [KDA_OP_ATTENTION_BWD] = "attention_bwd",
+    [KDA_OP_CROSS_ENTROPY] = "cross_entropy", [KDA_OP_CROSS_ENTROPY_BWD] = "cross_entropy_bwd",
+    [KDA_OP_SUM] = "sum",              [KDA_OP_MEAN] = "mean",
+    [KDA_OP_FILL] = "fill",            [KDA_OP_VIEW] = "view",
+    [KDA_OP_TRANSPOSE] = "transpose",  [KDA_OP_SIGMOID] = "sigmoid",
+    [KDA_OP_SIGMOID_BWD] = "sigmoid_bwd", [KDA_OP_GRAD_NORM] = "grad_norm",
+    [KDA_OP_SCHEDULE] = "schedule",    [KDA_OP_ADAMW] = "adamw",
+};
+
+const char *kda_op_name(int op) {
+  if (op < 0 || op >= KDA_OP_COUNT || !op_names[op]) return "?";
+  return op_names[op];
+}
+
+int64_t kda_desc_numel(const kda_desc *d) {
+  int64_t n = 1;
+  for (int i = 0; i < d->ndim; i++) n *= d->shape[i];
+  return n;
+}
+
+const char *kda_desc_str(const kda_desc *d, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < d->ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%lld" : "%lld", (long long)d->shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+static int same_shape(const kda_desc *a, const kda_desc *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static int64_t last_dim(const kda_desc *d) { return d->shape[d->ndim - 1]; }
+
+/* Error helper: "kda: matmul: a [2,3] and b [4,5]: inner dims differ (3 vs 4)". */
+static int bad(int op, const kda_desc *in, int nin, const char *why) {
+  char s[4][64];
+  const char *names[4] = {"", "", "", ""};
+  for (int i = 0; i < nin && i < 4; i++) names[i] = kda_desc_str(&in[i], s[i], sizeof s[i]);
+  return kda_set_error("%s: inputs %s %s %s %s: %s", kda_op_name(op), names[0], names[1],
+                       names[2], names[3], why);
+}
+
+static int want_inputs(int op, int nin, int n) {
+  if (nin == n) return 0;
+  return kda_set_error("%s: takes %d inputs, got %d", kda_op_name(op), n, nin);
+}
+
+static int want_float(int op, const kda_desc *d, const char *which) {
+  if (d->dtype == KDA_F32 || d->dtype == KDA_BF16) return 0;
+  return kda_set_error("%s: %s must be a float tensor, got %s", kda_op_name(op), which,
+                       kda_dtype_name(d->dtype));
+}
+
+static int infer_matmul(const kda_desc *in, const int64_t *ia, kda_desc *out) {
+  const kda_desc *a = &in[0], *b = &in[1];
+  if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3)
+    return bad(KDA_OP_MATMUL, in, 2, "a and b must be 2-D or 3-D");
+  if (b->ndim == 3 && (a->ndim != 3 || a->shape[0] != b->shape[0]))
+    return bad(KDA_OP_MATMUL, in, 2, "a 3-D b needs a 3-D a with the same batch");
+  int64_t m = a->shape[a->ndim - 2], ka = a->shape[a->ndim - 1];
+  if (ia[0]) { int64_t t = m; m = ka; ka = t; }
+  int64_t kb = b->shape[b->ndim - 2], nn = b->shape[b->ndim - 1];
+  if (ia[1]) { int64_t t = kb; kb = nn; nn = t; }
+  if (ka != kb) return bad(KDA_OP_MATMUL, in, 2, "inner dimensions differ");
+  *out = *a;
+  out->shape[a->ndim - 2] = m;
+  out->shape[a->ndim - 1] = nn;
+  return 0;
+}
+
+/* b may equal a's shape, or be a vector of a's last dim (broadcast over rows). */
+static int infer_binary(int op, const kda_desc *in, kda_desc *out) {
+  if (!same_shape(&in[0], &in[1]) && !(in[1].ndim == 1 && in[1].shape[0] == last_dim(&in[0])))
+    return bad(op, in, 2, "b must have a's shape or be a vector of a's last dim");
+  *out = in[0];
+  return 0;
+}
+
+static int infer_view(const kda_desc *x, const int64_t *ia, kda_desc *out) {
+  int64_t off = ia[0], nd = ia[1];
+  if (nd < 1 || nd > 4) return kda_set_error("view: ndim must be 1..4, got %lld", (long long)nd);
+  kda_desc d = {x->dtype, (int32_t)nd, {1, 1, 1, 1}};
+  for (int i = 0; i < nd; i++) {
+    d.shape[i] = ia[2 + i];
+    if (d.shape[i] < 1) return kda_set_error("view: dim %d is %lld; dims must be >= 1", i, (long long)d.shape[i]);
+  }
+  if (off < 0 || off + kda_desc_numel(&d) > kda_desc_numel(x)) {
+    char s1[64], s2[64];
+    return kda_set_error("view: %s at offset %lld does not fit in %s", kda_desc_str(&d, s1, 64),
+                         (long long)off, kda_desc_str(x, s2, 64));
+  }
+  *out = d;
+  return 0;
+}
+
+static int infer_fill(int nin, const int64_t *ia, kda_desc *out) {
+  int64_t nd = ia[0];
+  if (nin > 1) return kda_set_error("fill: takes 0 or 1 input, got %d", nin);
+  if (nd < 1 || nd > 4) return kda_set_error("fill: ndim must be 1..4, got %lld", (long long)nd);
+  kda_desc d = {KDA_F32, (int32_t)nd, {1, 1, 1, 1}};
+  for (int i = 0; i < nd; i++) d.shape[i] = ia[1 + i];
+  *out = d;
+  return 0;
+}
+
+static int infer_attention(int op, int nin, const kda_desc *in, kda_desc *out) {
+  if (in[0].ndim != 4) return bad(op, in, nin, "q must be [B,T,H,Dh]");
+  for (int i = 1; i < nin; i++)
+    if (!same_shape(&in[0], &in[i])) return bad(op, in, nin, "q, k, v (and dout) must have one shape");
+  *out = in[0];
+  if (op == KDA_OP_ATTENTION_BWD) {
+    out->ndim = 1;
+    out->shape[0] = 3 * kda_desc_numel(&in[0]);
+  }
+  return 0;
+}
+
+int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const float *fa,
+                 kda_desc *out) {
+  (void)fa;
+  static const int64_t zero[8] = {0};
+  if (!ia) ia = zero;
+  if (op < 0 || op >= KDA_OP_COUNT) return kda_set_error("unknown op id %d", op);
+  switch (op) {
+  case KDA_OP_INPUT: case KDA_OP_PARAM:
+    return kda_set_error("%s: leaves are made with kda_graph_input / kda_graph_param", kda_op_name(op));
+  case KDA_OP_MATMUL:
+    if (want_inputs(op, nin, 2) || want_float(op, &in[0], "a") || want_float(op, &in[1], "b")) return -1;
+    return infer_matmul(in, ia, out);
+  case KDA_OP_ADD: case KDA_OP_MUL:
+    if (want_inputs(op, nin, 2) || want_float(op, &in[0], "a") || want_float(op, &in[1], "b")) return -1;
+    return infer_binary(op, in, out);
+  case KDA_OP_SCALE: case KDA_OP_SILU: case KDA_OP_GELU: case KDA_OP_SOFTMAX: case KDA_OP_SIGMOID:
+    if (want_inputs(op, nin, 1) || want_float(op, &in[0], "x")) return -1;
+    *out = in[0];
+    return 0;
+  case KDA_OP_SILU_BWD: case KDA_OP_GELU_BWD: case KDA_OP_SOFTMAX_BWD: case KDA_OP_SIGMOID_BWD:
+  case KDA_OP_SWIGLU:
+    if (want_inputs(op, nin, 2)) return -1;
+    if (!same_shape(&in[0], &in[1])) return bad(op, in, 2, "both inputs must have one shape");
+    *out = in[0];
+    return 0;
+  case KDA_OP_SWIGLU_BWD:
+    if (want_inputs(op, nin, 3)) return -1;
+    if (!same_shape(&in[0], &in[1]) || !same_shape(&in[0], &in[2])) return bad(op, in, 3, "a, b, dy must have one shape");
+    *out = (kda_desc){in[0].dtype, 1, {2 * kda_desc_numel(&in[0]), 1, 1, 1}};
+    return 0;
+  case KDA_OP_SUM_ROWS:
+    if (want_inputs(op, nin, 1)) return -1;
+    *out = (kda_desc){in[0].dtype, 1, {last_dim(&in[0]), 1, 1, 1}};
+    return 0;
+  case KDA_OP_EMBED:
+    if (want_inputs(op, nin, 2)) return -1;
+    if (in[0].ndim != 2 || in[1].dtype != KDA_I32 || in[1].ndim > 3)
+      return bad(op, in, 2, "want table [V,D] and int32 indices of up to 3 dims");
+    *out = in[1];
+    out->dtype = in[0].dtype;
+    out->shape[out->ndim++] = in[0].shape[1];
+    return 0;
+  case KDA_OP_EMBED_BWD:
+    if (want_inputs(op, nin, 2)) return -1;
+    if (in[1].dtype != KDA_I32 || in[0].ndim != in[1].ndim + 1 || ia[0] < 1)
+      return bad(op, in, 2, "want dy [...,D], int32 indices [...] and iattr0 = vocab size");
+    *out = (kda_desc){in[0].dtype, 2, {ia[0], last_dim(&in[0]), 1, 1}};
+    return 0;
+  case KDA_OP_RMSNORM:
+    if (want_inputs(op, nin, 2)) return -1;
+    if (in[1].ndim != 1 || in[1].shape[0] != last_dim(&in[0])) return bad(op, in, 2, "w must be a vector of x's last dim");
+    *out = in[0];
+    return 0;
+  case KDA_OP_RMSNORM_BWD:
+    if (want_inputs(op, nin, 3)) return -1;
+    if (!same_shape(&in[0], &in[2]) || in[1].ndim != 1 || in[1].shape[0] != last_dim(&in[0]))
+      return bad(op, in, 3, "want x, w [D], dy of x's shape");
+    *out = (kda_desc){in[0].dtype, 1, {kda_desc_numel(&in[0]) + last_dim(&in[0]), 1, 1, 1}};
+    return 0;
+  case KDA_OP_ROPE:
+    if (want_inputs(op, nin, 1)) return -1;
+    if (in[0].ndim != 4 || in[0].shape[3] % 2) return bad(op, in, 1, "x must be [B,T,H,Dh] with even Dh");
+    *out = in[0];
+    return 0;
+  case KDA_OP_ATTENTION:
+    if (want_inputs(op, nin, 3)) return -1;
+    return infer_attention(op, nin, in, out);
+  case KDA_OP_ATTENTION_BWD:
+    if (want_inputs(op, nin, 4)) return -1;
+    return infer_attention(op, nin, in, out);
+  case KDA_OP_CROSS_ENTROPY:
+    if (want_inputs(op, nin, 2)) return -1;
+    if (in[0].ndim != 2 || in[1].dtype != KDA_I32 || kda_desc_numel(&in[1]) != in[0].shape[0])
+      return bad(op, in, 2, "want logits [N,V] and N int32 targets");
+    *out = (kda_desc){KDA_F32, 1, {in[0].shape[0], 1, 1, 1}};
+    return 0;
+  case KDA_OP_CROSS_ENTROPY_BWD:
+    if (want_inputs(op, nin, 3)) return -1;
+    if (in[0].ndim != 2 || kda_desc_numel(&in[1]) != in[0].shape[0] || kda_desc_numel(&in[2]) != in[0].shape[0])
+      return bad(op, in, 3, "want logits [N,V], N targets, N loss gradients");
+    *out = in[0];
+    return 0;
+  case KDA_OP_SUM: case KDA_OP_MEAN:
+    if (want_inputs(op, nin, 1)) return -1;
+    *out = (kda_desc){KDA_F32, 1, {1, 1, 1, 1}};
+    return 0;
+  case KDA_OP_FILL:
+    return infer_fill(nin, ia, out);
+  case KDA_OP_VIEW:
+    if (want_inputs(op, nin, 1)) return -1;
+    return infer_view(&in[0], ia, out);
+  case KDA_OP_TRANSPOSE:
+    if (want_inputs(op, nin, 1)) return -1;
+    if (ia[0] < 0 || ia[1] < 0 || ia[0] >= in[0].ndim || ia[1] >= in[0].ndim)
+      return bad(op, in, 1, "transpose dims out of range");
+    *out = in[0];
+    out->shape[ia[0]] = in[0].shape[ia[1]];
+    out->shape[ia[1]] = in[0].shape[ia[0]];
+    return 0;
+  case KDA_OP_GRAD_NORM:
+    if (nin < 1) return kda_set_error("grad_norm: needs at least one gradient");
+    *out = (kda_desc){KDA_F32, 1, {1, 1, 1, 1}};
+    return 0;
+  case KDA_OP_SCHEDULE:
+    if (want_inputs(op, nin, 1)) return -1;
+    *out = in[0];
+    return 0;
+  case KDA_OP_ADAMW:
+    if (want_inputs(op, nin, 6)) return -1;
+    if (!same_shape(&in[0], &in[1]) || !same_shape(&in[0], &in[2]) || !same_shape(&in[0], &in[3]))
+      return bad(op, in, 4, "param, grad, m, v must have one shape");
+    *out = in[0];
+    return 0;
+  }
+  return kda_set_error("%s: no shape rule", kda_op_name(op));
+}
