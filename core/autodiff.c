@@ -52,6 +52,7 @@ static int accumulate(kda_graph *g, int32_t x, int32_t dx) {
   }
   nx->grad = dx;
   if (nx->op == KDA_OP_PARAM) {
+    g->nodes[dx].flags |= NODE_KEEP; /* readable after the step; the optimizer runs last anyway */
     /* f32 storage for the gradient and everything summed into it (views mark their base) */
     int32_t stack[8] = {dx}, top = 1;
     while (top) {

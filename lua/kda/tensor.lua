@@ -166,7 +166,6 @@ mt = {
     self:ptr()[k - 1] = v
   end,
   __tostring = Tensor.__tostring,
-  __len = function(self) return self:shape()[1] end,
   __add = function(a, b) if type(b) == "number" then local o = a:float(); local p = o:ptr(); for i = 0, o:numel() - 1 do p[i] = p[i] + b end; return o end return a:add(b) end,
   __mul = function(a, b)
     if type(a) == "number" then return b:scale(a) end

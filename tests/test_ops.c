@@ -1,0 +1,319 @@
+/* test_ops.c — every op: forward against a naive reference written here, backward against
+ * central finite differences through a real graph + plan (autodiff rules and backward ops).
+ * Prints one line per check and "N passed, N failed".                                      */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "../core/internal.h"
+#include "../core/kda.h"
+
+static int passed, failed;
+
+static void report(int ok, const char *name, const char *detail) {
+  if (ok) passed++, printf("ok - %s\n", name);
+  else failed++, printf("FAIL - %s: %s\n", name, detail);
+}
+
+static kda_tensor *randt(int ndim, const int64_t *shape, uint64_t seed) {
+  kda_tensor *t = kda_tensor_new(KDA_F32, ndim, shape);
+  kda_tensor_randn(t, seed, 1.0f);
+  return t;
+}
+static float *D(kda_tensor *t) { return kda_tensor_data(t); }
+
+/* max |a-b| / (max |b| + 1e-6) */
+static double rel_err(const float *a, const float *b, int64_t n) {
+  double num = 0, den = 1e-6;
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(a[i])) return INFINITY;
+    num = fmax(num, fabs((double)a[i] - b[i]));
+    den = fmax(den, fabs((double)b[i]));
+  }
+  return num / den;
+}
+
+static void expect_close(const char *name, kda_tensor *got, const float *want, double tol) {
+  char detail[128];
+  if (!got) { report(0, name, kda_last_error()); return; }
+  double e = rel_err(D(got), want, kda_tensor_numel(got));
+  snprintf(detail, sizeof detail, "relative error %.3g > %.1g", e, tol);
+  report(e <= tol, name, detail);
+  kda_tensor_free(got);
+}
+
+/* ---- forward checks against naive formulas ------------------------------------------------ */
+static void fwd_matmul(void) {
+  int64_t sa[2] = {5, 7}, sb[2] = {7, 3}, sbt[2] = {3, 7};
+  kda_tensor *a = randt(2, sa, 1), *b = randt(2, sb, 2), *bt = randt(2, sbt, 3);
+  float want[15], want_t[15];
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 3; j++) {
+      double s = 0, st = 0;
+      for (int k = 0; k < 7; k++) s += D(a)[i * 7 + k] * D(b)[k * 3 + j], st += D(a)[i * 7 + k] * D(bt)[j * 7 + k];
+      want[i * 3 + j] = (float)s, want_t[i * 3 + j] = (float)st;
+    }
+  kda_tensor *in[2] = {a, b}, *in_t[2] = {a, bt};
+  int64_t ia_t[8] = {0, 1};
+  expect_close("matmul forward", kda_tensor_op(KDA_OP_MATMUL, 2, in, NULL, NULL), want, 1e-5);
+  expect_close("matmul forward, b transposed", kda_tensor_op(KDA_OP_MATMUL, 2, in_t, ia_t, NULL), want_t, 1e-5);
+  kda_tensor_free(a), kda_tensor_free(b), kda_tensor_free(bt);
+}
+
+static void fwd_rows(void) {
+  int64_t s[2] = {4, 6}, sw[1] = {6};
+  kda_tensor *x = randt(2, s, 4), *w = randt(1, sw, 5), *y = randt(2, s, 6);
+  float rms[24], soft[24], silu[24], gelu[24], sig[24], swi[24], add[24], mul[24];
+  for (int i = 0; i < 4; i++) {
+    double ss = 0, mx = -1e30, z = 0;
+    for (int j = 0; j < 6; j++) ss += D(x)[i * 6 + j] * D(x)[i * 6 + j], mx = fmax(mx, D(x)[i * 6 + j]);
+    for (int j = 0; j < 6; j++) z += exp(D(x)[i * 6 + j] - mx);
+    for (int j = 0; j < 6; j++) {
+      double v = D(x)[i * 6 + j];
+      rms[i * 6 + j] = (float)(v / sqrt(ss / 6 + 1e-5) * D(w)[j]);
+      soft[i * 6 + j] = (float)(exp(v - mx) / z);
+      silu[i * 6 + j] = (float)(v / (1 + exp(-v)));
+      gelu[i * 6 + j] = (float)(0.5 * v * (1 + erf(v / sqrt(2.0)))); /* exact GELU: tanh form within 1e-3 */
+      sig[i * 6 + j] = (float)(1 / (1 + exp(-v)));
+      swi[i * 6 + j] = silu[i * 6 + j] * D(y)[i * 6 + j];
+      add[i * 6 + j] = (float)(v + D(w)[j]);
+      mul[i * 6 + j] = (float)(v * D(y)[i * 6 + j]);
+    }
+  }
+  float eps[8] = {1e-5f};
+  kda_tensor *xw[2] = {x, w}, *xy[2] = {x, y};
+  expect_close("rmsnorm forward", kda_tensor_op(KDA_OP_RMSNORM, 2, xw, NULL, eps), rms, 1e-5);
+  expect_close("softmax forward", kda_tensor_op(KDA_OP_SOFTMAX, 1, &x, NULL, NULL), soft, 1e-6);
+  expect_close("silu forward", kda_tensor_op(KDA_OP_SILU, 1, &x, NULL, NULL), silu, 1e-6);
+  expect_close("gelu forward (tanh form vs exact erf)", kda_tensor_op(KDA_OP_GELU, 1, &x, NULL, NULL), gelu, 2e-3);
+  expect_close("sigmoid forward", kda_tensor_op(KDA_OP_SIGMOID, 1, &x, NULL, NULL), sig, 1e-6);
+  expect_close("swiglu forward", kda_tensor_op(KDA_OP_SWIGLU, 2, xy, NULL, NULL), swi, 1e-6);
+  expect_close("add forward, row broadcast", kda_tensor_op(KDA_OP_ADD, 2, xw, NULL, NULL), add, 1e-6);
+  expect_close("mul forward", kda_tensor_op(KDA_OP_MUL, 2, xy, NULL, NULL), mul, 1e-6);
+  kda_tensor_free(x), kda_tensor_free(w), kda_tensor_free(y);
+}
+
+static void fwd_attention_rope(void) {
+  enum { B = 2, T = 5, H = 2, Dh = 4 };
+  int64_t s[4] = {B, T, H, Dh};
+  kda_tensor *q = randt(4, s, 7), *k = randt(4, s, 8), *v = randt(4, s, 9);
+  float att[B * T * H * Dh], rope[B * T * H * Dh];
+  double sc = 1 / sqrt((double)Dh);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < T; i++) {
+        double p[T], mx = -1e30, z = 0;
+        for (int j = 0; j <= i; j++) {
+          double dot = 0;
+          for (int c = 0; c < Dh; c++) dot += D(q)[((b * T + i) * H + h) * Dh + c] * D(k)[((b * T + j) * H + h) * Dh + c];
+          p[j] = dot * sc, mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j <= i; j++) z += (p[j] = exp(p[j] - mx));
+        for (int c = 0; c < Dh; c++) {
+          double o = 0;
+          for (int j = 0; j <= i; j++) o += p[j] / z * D(v)[((b * T + j) * H + h) * Dh + c];
+          att[((b * T + i) * H + h) * Dh + c] = (float)o;
+        }
+        for (int c = 0; c < Dh / 2; c++) { /* complex rotation of (x_c, x_{c+Dh/2}) by t*theta^(-2c/Dh) */
+          double ang = i * pow(10000.0, -2.0 * c / Dh);
+          double re = D(q)[((b * T + i) * H + h) * Dh + c], im = D(q)[((b * T + i) * H + h) * Dh + c + Dh / 2];
+          rope[((b * T + i) * H + h) * Dh + c] = (float)(re * cos(ang) - im * sin(ang));
+          rope[((b * T + i) * H + h) * Dh + c + Dh / 2] = (float)(re * sin(ang) + im * cos(ang));
+        }
+      }
+  kda_tensor *qkv[3] = {q, k, v};
+  float theta[8] = {10000};
+  expect_close("attention forward (causal)", kda_tensor_op(KDA_OP_ATTENTION, 3, qkv, NULL, NULL), att, 1e-5);
+  expect_close("rope forward", kda_tensor_op(KDA_OP_ROPE, 1, &q, NULL, theta), rope, 1e-5);
+  kda_tensor_free(q), kda_tensor_free(k), kda_tensor_free(v);
+}
+
+static void fwd_loss_embed(void) {
+  int64_t s[2] = {3, 5}, st[1] = {3};
+  kda_tensor *z = randt(2, s, 10), *t = kda_tensor_new(KDA_I32, 1, st), *e = kda_tensor_new(KDA_I32, 1, st);
+  int32_t *ti = kda_tensor_data(t), *ei = kda_tensor_data(e);
+  ti[0] = 4, ti[1] = 0, ti[2] = 2; /* targets in 0..4 */
+  ei[0] = 2, ei[1] = 0, ei[2] = 2; /* embedding rows in 0..2 */
+  float ce[3], emb[15];
+  for (int i = 0; i < 3; i++) {
+    double zs = 0;
+    for (int j = 0; j < 5; j++) zs += exp(D(z)[i * 5 + j]);
+    ce[i] = (float)((log(zs) - D(z)[i * 5 + ti[i]]) / log(2.0));
+    for (int j = 0; j < 5; j++) emb[i * 5 + j] = D(z)[ei[i] * 5 + j];
+  }
+  kda_tensor *zt[2] = {z, t}, *ze[2] = {z, e};
+  expect_close("cross_entropy forward (bits)", kda_tensor_op(KDA_OP_CROSS_ENTROPY, 2, zt, NULL, NULL), ce, 1e-5);
+  expect_close("embed forward", kda_tensor_op(KDA_OP_EMBED, 2, ze, NULL, NULL), emb, 0);
+  int64_t tr[8] = {0, 1};
+  float zt_want[15];
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 5; j++) zt_want[j * 3 + i] = D(z)[i * 5 + j];
+  expect_close("transpose forward", kda_tensor_op(KDA_OP_TRANSPOSE, 1, &z, tr, NULL), zt_want, 0);
+  double sum = 0;
+  for (int i = 0; i < 15; i++) sum += D(z)[i];
+  float want_sum = (float)sum, want_mean = (float)(sum / 15);
+  expect_close("sum forward", kda_tensor_op(KDA_OP_SUM, 1, &z, NULL, NULL), &want_sum, 1e-6);
+  expect_close("mean forward", kda_tensor_op(KDA_OP_MEAN, 1, &z, NULL, NULL), &want_mean, 1e-6);
+  kda_tensor_free(z), kda_tensor_free(t), kda_tensor_free(e);
+}
+
+/* ---- backward: graph gradients vs central differences -------------------------------------
+ * loss = sum(op(params...) * R) for a fixed random R; each parameter's analytic gradient from
+ * kda_graph_backward is compared with (L(p+h) - L(p-h)) / 2h at every element.             */
+typedef int32_t (*build_fn)(kda_graph *g, int32_t *p, int np);
+
+static int32_t weighted_sum(kda_graph *g, int32_t y) {
+  int64_t shape[4];
+  int nd = kda_graph_node_ndim(g, y);
+  for (int i = 0; i < nd; i++) shape[i] = kda_graph_node_dim(g, y, i);
+  int32_t r = kda_graph_input(g, "R", KDA_F32, nd, shape);
+  int32_t in[2] = {y, r};
+  int32_t m = kda_graph_op(g, KDA_OP_MUL, 2, in, NULL, NULL);
+  return kda_graph_op(g, KDA_OP_SUM, 1, &m, NULL, NULL);
+}
+
+static void gradcheck(const char *name, int np, const int64_t (*shapes)[5], build_fn build, double tol) {
+  kda_graph *g = kda_graph_new();
+  int32_t p[4];
+  char pname[16];
+  for (int i = 0; i < np; i++) {
+    snprintf(pname, sizeof pname, "p%d", i);
+    p[i] = kda_graph_param(g, pname, (int)shapes[i][0], &shapes[i][1], KDA_INIT_NORMAL, 1.0f, 0);
+  }
+  int32_t y = build(g, p, np);
+  int32_t loss = y >= 0 ? weighted_sum(g, y) : -1;
+  if (loss < 0 || kda_graph_backward(g, loss)) { report(0, name, kda_last_error()); kda_graph_free(g); return; }
+  kda_plan *pl = kda_plan_build(g, KDA_BACKEND_CPU);
+  if (!pl) { report(0, name, kda_last_error()); kda_graph_free(g); return; }
+  kda_plan_init_params(pl, 42);
+  int32_t r = kda_graph_find(g, "R");
+  int64_t rn = 1;
+  for (int i = 0; i < kda_graph_node_ndim(g, r); i++) rn *= kda_graph_node_dim(g, r, i);
+  float *rv = malloc((size_t)rn * 4);
+  kda_fill_normal(rv, rn, 99, 1.0f);
+  kda_plan_write(pl, r, rv, rn * 4);
+  kda_plan_run(pl, KDA_RUN_STEP);
+  double worst = 0;
+  float *grads[4];
+  for (int i = 0; i < np; i++) { /* read every gradient before forward runs reuse the arena */
+    int64_t n = 1;
+    for (int d = 0; d < shapes[i][0]; d++) n *= shapes[i][1 + d];
+    grads[i] = malloc((size_t)n * 4);
+    kda_plan_read(pl, kda_graph_grad(g, p[i]), grads[i], n * 4);
+  }
+  for (int i = 0; i < np; i++) {
+    int64_t n = 1;
+    for (int d = 0; d < shapes[i][0]; d++) n *= shapes[i][1 + d];
+    float *x = malloc((size_t)n * 4), *gr = grads[i];
+    kda_plan_read(pl, p[i], x, n * 4);
+    for (int64_t j = 0; j < n; j++) {
+      float orig = x[j], h = 1e-2f * fmaxf(1.0f, fabsf(orig)), lp, lm;
+      x[j] = orig + h; kda_plan_write(pl, p[i], x, n * 4); kda_plan_run(pl, KDA_RUN_FORWARD); kda_plan_read(pl, loss, &lp, 4);
+      x[j] = orig - h; kda_plan_write(pl, p[i], x, n * 4); kda_plan_run(pl, KDA_RUN_FORWARD); kda_plan_read(pl, loss, &lm, 4);
+      x[j] = orig;
+      double fd = ((double)lp - lm) / (2.0 * h), err = fabs(fd - gr[j]) / fmax(1.0, fabs(fd));
+      if (err > worst || !isfinite(gr[j])) worst = isfinite(gr[j]) ? err : INFINITY;
+    }
+    kda_plan_write(pl, p[i], x, n * 4);
+    free(x), free(gr);
+  }
+  char detail[96];
+  snprintf(detail, sizeof detail, "worst gradient error %.3g > %.1g", worst, tol);
+  report(worst <= tol, name, detail);
+  free(rv);
+  kda_plan_free(pl);
+  kda_graph_free(g);
+}
+
+static int32_t op1(kda_graph *g, int op, int32_t a, const int64_t *ia, const float *fa) { return kda_graph_op(g, op, 1, &a, ia, fa); }
+static int32_t op2(kda_graph *g, int op, int32_t a, int32_t b, const int64_t *ia, const float *fa) {
+  int32_t in[2] = {a, b};
+  return kda_graph_op(g, op, 2, in, ia, fa);
+}
+
+static int32_t b_matmul(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MATMUL, p[0], p[1], NULL, NULL); }
+static int32_t b_matmul_tb(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {0, 1}; return op2(g, KDA_OP_MATMUL, p[0], p[1], ia, NULL); }
+static int32_t b_matmul_ta(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {1, 0}; return op2(g, KDA_OP_MATMUL, p[0], p[1], ia, NULL); }
+static int32_t b_matmul_batched(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MATMUL, p[0], p[1], NULL, NULL); }
+static int32_t b_add_bcast(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_ADD, p[0], p[1], NULL, NULL); }
+static int32_t b_mul(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, p[0], p[1], NULL, NULL); }
+static int32_t b_mul_bcast(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, p[0], p[1], NULL, NULL); }
+static int32_t b_scale(kda_graph *g, int32_t *p, int np) { (void)np; float f[8] = {-1.5f}; return op1(g, KDA_OP_SCALE, p[0], NULL, f); }
+static int32_t b_rmsnorm(kda_graph *g, int32_t *p, int np) { (void)np; float f[8] = {1e-5f}; return op2(g, KDA_OP_RMSNORM, p[0], p[1], NULL, f); }
+static int32_t b_silu(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_SILU, p[0], NULL, NULL); }
+static int32_t b_gelu(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_GELU, p[0], NULL, NULL); }
+static int32_t b_sigmoid(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_SIGMOID, p[0], NULL, NULL); }
+static int32_t b_softmax(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_SOFTMAX, p[0], NULL, NULL); }
+static int32_t b_swiglu(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_SWIGLU, p[0], p[1], NULL, NULL); }
+static int32_t b_rope(kda_graph *g, int32_t *p, int np) { (void)np; float f[8] = {10000}; return op1(g, KDA_OP_ROPE, p[0], NULL, f); }
+static int32_t b_transpose(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {0, 2}; return op1(g, KDA_OP_TRANSPOSE, p[0], ia, NULL); }
+static int32_t b_view(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {0, 2, 6, 3}; return op1(g, KDA_OP_SILU, op1(g, KDA_OP_VIEW, p[0], ia, NULL), NULL, NULL); }
+static int32_t b_mean(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_SILU, op1(g, KDA_OP_MEAN, p[0], NULL, NULL), NULL, NULL); }
+static int32_t b_sum_rows(kda_graph *g, int32_t *p, int np) { (void)np; return op1(g, KDA_OP_SUM_ROWS, op1(g, KDA_OP_SILU, p[0], NULL, NULL), NULL, NULL); }
+static int32_t b_attention(kda_graph *g, int32_t *p, int np) {
+  (void)np;
+  int32_t in[3] = {p[0], p[1], p[2]};
+  return kda_graph_op(g, KDA_OP_ATTENTION, 3, in, NULL, NULL);
+}
+static int32_t b_embed(kda_graph *g, int32_t *p, int np) {
+  (void)np;
+  int64_t s[1] = {7};
+  int32_t idx = kda_graph_input(g, "idx", KDA_I32, 1, s); /* zeros: every row hits table row 0 */
+  return op2(g, KDA_OP_EMBED, p[0], idx, NULL, NULL);
+}
+static int32_t b_cross_entropy(kda_graph *g, int32_t *p, int np) {
+  (void)np;
+  int64_t s[1] = {4};
+  int32_t t = kda_graph_input(g, "targets", KDA_I32, 1, s);
+  return op2(g, KDA_OP_CROSS_ENTROPY, p[0], t, NULL, NULL);
+}
+/* a parameter used twice: gradients must add up */
+static int32_t b_reuse(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, op1(g, KDA_OP_SILU, p[0], NULL, NULL), p[0], NULL, NULL); }
+
+int main(void) {
+  fwd_matmul();
+  fwd_rows();
+  fwd_attention_rope();
+  fwd_loss_embed();
+
+  static const int64_t mm[2][5] = {{2, 3, 4}, {2, 4, 5}}, mmt[2][5] = {{2, 3, 4}, {2, 5, 4}};
+  static const int64_t mma[2][5] = {{2, 4, 3}, {2, 4, 5}}, mmb[2][5] = {{3, 2, 3, 4}, {2, 4, 5}};
+  static const int64_t rowv[2][5] = {{2, 3, 6}, {1, 6}}, two[2][5] = {{2, 3, 6}, {2, 3, 6}};
+  static const int64_t one[1][5] = {{2, 3, 6}}, r4[1][5] = {{4, 2, 3, 2, 4}};
+  static const int64_t qkv[3][5] = {{4, 2, 5, 2, 4}, {4, 2, 5, 2, 4}, {4, 2, 5, 2, 4}};
+  static const int64_t emb[1][5] = {{2, 3, 4}}, ce[1][5] = {{2, 4, 6}}, t3[1][5] = {{3, 2, 3, 2}};
+  gradcheck("matmul backward", 2, mm, b_matmul, 2e-2);
+  gradcheck("matmul backward, b transposed", 2, mmt, b_matmul_tb, 2e-2);
+  gradcheck("matmul backward, a transposed", 2, mma, b_matmul_ta, 2e-2);
+  gradcheck("matmul backward, 3-D a with shared b", 2, mmb, b_matmul_batched, 2e-2);
+  gradcheck("add backward, row broadcast", 2, rowv, b_add_bcast, 2e-2);
+  gradcheck("mul backward", 2, two, b_mul, 2e-2);
+  gradcheck("mul backward, row broadcast", 2, rowv, b_mul_bcast, 2e-2);
+  gradcheck("scale backward", 1, one, b_scale, 2e-2);
+  gradcheck("rmsnorm backward", 2, rowv, b_rmsnorm, 2e-2);
+  gradcheck("silu backward", 1, one, b_silu, 2e-2);
+  gradcheck("gelu backward", 1, one, b_gelu, 2e-2);
+  gradcheck("sigmoid backward", 1, one, b_sigmoid, 2e-2);
+  gradcheck("softmax backward", 1, one, b_softmax, 2e-2);
+  gradcheck("swiglu backward", 2, two, b_swiglu, 2e-2);
+  gradcheck("rope backward", 1, r4, b_rope, 2e-2);
+  gradcheck("attention backward", 3, qkv, b_attention, 3e-2);
+  gradcheck("embed backward (scatter-add)", 1, emb, b_embed, 2e-2);
+  gradcheck("cross_entropy backward", 1, ce, b_cross_entropy, 2e-2);
+  gradcheck("transpose backward", 1, t3, b_transpose, 2e-2);
+  gradcheck("view (reshape) backward", 1, one, b_view, 2e-2);
+  gradcheck("mean backward", 1, one, b_mean, 2e-2);
+  gradcheck("sum_rows backward", 1, one, b_sum_rows, 2e-2);
+  gradcheck("gradient accumulation (a param used twice)", 1, one, b_reuse, 2e-2);
+
+  /* bad shapes are user errors with a message, not crashes */
+  kda_graph *g = kda_graph_new();
+  int64_t sa[2] = {3, 4}, sb[2] = {5, 6};
+  int32_t a = kda_graph_param(g, "a", 2, sa, KDA_INIT_NORMAL, 1, 0), b = kda_graph_param(g, "b", 2, sb, KDA_INIT_NORMAL, 1, 0);
+  int32_t bad = op2(g, KDA_OP_MATMUL, a, b, NULL, NULL);
+  report(bad == -1 && strstr(kda_last_error(), "inner dimensions differ") != NULL, "shape mismatch is a clear error", kda_last_error());
+  report(kda_graph_param(g, "a", 2, sa, 0, 0, 0) == -1 && strstr(kda_last_error(), "already used"), "duplicate parameter name refused", kda_last_error());
+  kda_graph_free(g);
+
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
