@@ -23,43 +23,15 @@ local defaults = {
   profile = false, on_log = false, on_eval = false,
 }
 
--- Open the data spec: a list of {path=, name=, weight=}, or {manifest=dir, domains={...}}.
+-- A kda.data handle from a spec ({manifest=dir} or a list of {path=, name=, weight=}) or as given.
 function M.open_data(spec, window)
-  local d
-  if spec.manifest then
-    local names = spec.domains or {}
-    local cnames = ffi.new("const char*[?]", math.max(#names, 1), names)
-    d = C.kda_data_open_manifest(spec.manifest, #names, cnames, nil)
-  else
-    local n = #spec
-    if n == 0 then util.fail("data: give a list of {path=..., name=...} or {manifest=dir}") end
-    local paths, names, weights = ffi.new("const char*[?]", n), ffi.new("const char*[?]", n), ffi.new("double[?]", n)
-    local keep = {}
-    for i, s in ipairs(spec) do
-      keep[#keep + 1] = s.path
-      paths[i - 1] = s.path
-      names[i - 1] = s.name
-      weights[i - 1] = s.weight or 1
-    end
-    d = C.kda_data_open(n, paths, names, weights)
-  end
-  if d == nil then util.fail("data: " .. ffi.string(C.kda_last_error())) end
-  d = ffi.gc(d, C.kda_data_free)
+  local data = require "kda.data"
+  local d = getmetatable(spec) and spec or data.open(spec)
   if window then
-    for i = 0, C.kda_data_ndomains(d) - 1 do util.check(C.kda_data_set_window(d, i, window), "data window") end
+    for _, dom in ipairs(d:domains()) do d:set_window(dom.index, window) end
   end
   return d
 end
-
-local function domains(d)
-  local out = {}
-  for i = 0, C.kda_data_ndomains(d) - 1 do
-    out[#out + 1] = { index = i, name = ffi.string(C.kda_data_domain_name(d, i)),
-                      window = tonumber(C.kda_data_window_bytes(d, i)), bytes = tonumber(C.kda_data_domain_bytes(d, i)) }
-  end
-  return out
-end
-M.domains = domains
 
 -- Records the model and its loss. Inputs: tokens [B,T], targets [B*T], mask [B*T].
 function M.build(cfg)
@@ -81,11 +53,12 @@ function M.build(cfg)
 end
 
 -- Bits per byte on every byte of each domain's window; forward-only runs of the same plan.
-function M.evaluate(plan, io, d, B, T, max_batches)
+function M.evaluate(plan, io, data, B, T, max_batches)
+  local d = data.d
   local input, target = ffi.new("int32_t[?]", B * T), ffi.new("int32_t[?]", B * T)
   local mask = ffi.new("float[?]", B * T)
   local out = {}
-  for _, dom in ipairs(domains(d)) do
+  for _, dom in ipairs(data:domains()) do
     local nseq = tonumber(C.kda_data_window_count(d, dom.index, T))
     local bits, counted, first = 0, 0, 0
     local batches = 0
@@ -128,7 +101,8 @@ function M.run(cfg)
   if not cfg.data then util.fail("train: give data, e.g. data = {{path='file.txt', name='prose'}}") end
   local backend = cfg.backend or (C.kda_cuda_available() == 1 and "cuda" or "cpu")
   local B, T = cfg.batch, cfg.seq
-  local d = type(cfg.data) == "cdata" and cfg.data or M.open_data(cfg.data, cfg.window)
+  local data = M.open_data(cfg.data, cfg.window)
+  local d = data.d
   local G, io = M.build(cfg)
   local plan = Plan.build(G, backend)
   plan:init_params(cfg.seed)
@@ -164,7 +138,7 @@ function M.run(cfg)
       if loss ~= loss then util.fail(("train: loss is NaN at step %d: lower the learning rate (lr=%g)"):format(step, cfg.lr)) end
     end
     if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps then
-      local ev = M.evaluate(plan, io, d, B, T, cfg.eval_batches)
+      local ev = M.evaluate(plan, io, data, B, T, cfg.eval_batches)
       result.evals[#result.evals + 1] = { step = step, tokens = step * B * T, eval = ev }
       say(M.eval_line(step, ev))
     end
@@ -174,7 +148,7 @@ function M.run(cfg)
     end
   end
   result.train_seconds = C.kda_now() - t0
-  local ev = M.evaluate(plan, io, d, B, T, cfg.eval_batches)
+  local ev = M.evaluate(plan, io, data, B, T, cfg.eval_batches)
   result.evals[#result.evals + 1] = { step = steps_done, tokens = steps_done * B * T, eval = ev }
   result.eval, result.steps, result.tokens = ev, steps_done, steps_done * B * T
   result.bpb = {}

@@ -80,16 +80,26 @@ end)
 
 test("held-out window is the same bytes whatever batch or seq_len", function()
   local d = require("kda.train").open_data({ { path = licenses, name = "l" } })
-  local doms = require("kda.train").domains(d)
+  local doms = d:domains()
   expect(doms[1].window > 1000 and doms[1].window <= 1048576, "window size " .. doms[1].window)
+  -- evaluation at two batch/seq settings counts exactly the window's bytes
+  local cfg = { model = kda.nn.GPT { d = 16, layers = 1, heads = 1 }, batch = 3, seq = 40, steps = 1, lr = 1e-3 }
+  for _, bt in ipairs { { 3, 40 }, { 5, 64 } } do
+    cfg.batch, cfg.seq = bt[1], bt[2]
+    local G, io = require("kda.train").build(cfg)
+    local plan = kda.Plan.build(G, "cpu")
+    plan:init_params(1)
+    local ev = require("kda.train").evaluate(plan, io, d, bt[1], bt[2])
+    expect(ev.l.bytes == doms[1].window, ("batch %dx%d counted %d of %d window bytes"):format(bt[1], bt[2], ev.l.bytes, doms[1].window))
+  end
 end)
 
 test("training on real English text beats the unigram entropy", function()
   -- unigram entropy of the held-out window's own bytes (a bar the model must clear)
   local C, ffi = kda.C, require "ffi"
   local d = require("kda.train").open_data({ { path = licenses, name = "licenses" } })
-  local start, w = tonumber(C.kda_data_window_start(d, 0)), tonumber(C.kda_data_window_bytes(d, 0))
-  local p, counts = C.kda_data_domain_ptr(d, 0), {}
+  local start, w = tonumber(C.kda_data_window_start(d.d, 0)), tonumber(C.kda_data_window_bytes(d.d, 0))
+  local p, counts = C.kda_data_domain_ptr(d.d, 0), {}
   for i = 0, 255 do counts[i] = 0 end
   for i = start, start + w - 1 do counts[p[i]] = counts[p[i]] + 1 end
   local h = 0

@@ -1,0 +1,226 @@
+/* cuda_ops_bench.cu — micro-benchmarks of the CUDA backend's ops, through the backend itself
+ * (exec nodes, graph replay: each op is its own one-node list, warmed up and captured, so a
+ * timed rep is one cudaGraphLaunch). Times: cudaEvents on kda's stream, median of REPS warm
+ * reps. Prints one table: op, shape, median ms, TFLOP/s or GB/s, and the ceilings measured in
+ * the same run (device-to-device copy bandwidth; the GEMM rows against 989 TFLOP/s dense bf16).
+ *
+ * Build: nvcc ... -Icore -Ikernels benches/cuda_ops_bench.cu + kernels objects + core objects. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+extern "C" {
+#include "backend.h"
+#include "internal.h"
+}
+#include "kda_cuda_api.h"
+
+#define REPS 30
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      fprintf(stderr, "bench: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_),     \
+              __FILE__, __LINE__);                                                         \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+static const kda_backend *be;
+static cudaStream_t stream;
+static int next_key = 5000;
+
+__global__ void k_rand(void *p, int dt, int64_t n, uint32_t seed, float scale, int vmax) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 16, h *= 0x7feb352d, h ^= h >> 15, h *= 0x846ca68b, h ^= h >> 16;
+    float u = (h >> 8) * (1.0f / 16777216.0f) - 0.5f;
+    if (dt == KDA_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(u * scale);
+    else if (dt == KDA_I32) ((int32_t *)p)[i] = (int32_t)(h % (uint32_t)vmax);
+    else ((float *)p)[i] = u * scale;
+  }
+}
+
+static kda_tview buf(int dt, int nd, int64_t a, int64_t b, int64_t c, int64_t d, float scale) {
+  kda_tview t = {NULL, dt, nd, {a, b, c, d}};
+  int64_t n = kda_tview_numel(&t), es = dt == KDA_BF16 ? 2 : 4;
+  t.data = be->alloc(n * es);
+  if (!t.data) { fprintf(stderr, "bench: %s\n", kda_last_error()); exit(1); }
+  k_rand<<<1024, 256, 0, stream>>>(t.data, dt, n, (uint32_t)next_key * 7919u, scale, 256);
+  CK(cudaGetLastError());
+  next_key++;
+  return t;
+}
+
+/* Median ms of one replay of the list. */
+static double time_list(kda_exec_node *nodes, int n) {
+  int key = next_key++;
+  for (int w = 0; w < 3; w++)   /* eager, capture, one replay */
+    if (be->run(nodes, n, key)) { fprintf(stderr, "bench: %s\n", kda_last_error()); exit(1); }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < REPS; r++) {
+    CK(cudaEventRecord(e0, stream));
+    be->run(nodes, n, key);
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+static void row(const char *op, const char *shape, double ms, double flops, double bytes) {
+  if (flops > 0) printf("| %-28s | %-26s | %9.3f | %8.1f TFLOP/s |\n", op, shape, ms, flops / ms / 1e9);
+  else printf("| %-28s | %-26s | %9.3f | %8.1f GB/s     |\n", op, shape, ms, bytes / ms / 1e6);
+  fflush(stdout);
+}
+
+static void free_views(kda_tview *v, int n) {
+  for (int i = 0; i < n; i++) be->free(v[i].data);
+}
+
+static void bench_copy(void) {
+  int64_t bytes = (int64_t)1 << 30;
+  void *a = be->alloc(bytes), *b = be->alloc(bytes);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < REPS + 3; r++) {
+    CK(cudaEventRecord(e0, stream));
+    CK(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDeviceToDevice, stream));
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  row("d2d copy (ceiling)", "1 GiB, read+write", ms[ms.size() / 2], 0, 2.0 * bytes);
+  be->free(a);
+  be->free(b);
+}
+
+static void bench_gemm(int64_t M, int64_t N, int64_t K, int wdt) {
+  /* x [M,K] bf16 @ W^T, W [N,K] (bf16, or f32 master weights rounded per use) */
+  kda_tview v[2] = {buf(KDA_BF16, 2, M, K, 1, 1, 1.f), buf(wdt, 2, N, K, 1, 1, 0.05f)};
+  kda_tview o = buf(KDA_BF16, 2, M, N, 1, 1, 1.f);
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_MATMUL, n.nin = 2, n.in = v, n.out = o, n.iattr[1] = 1;
+  double ms = time_list(&n, 1);
+  char s[64], nm[64];
+  snprintf(s, sizeof s, "M=%lld N=%lld K=%lld", (long long)M, (long long)N, (long long)K);
+  snprintf(nm, sizeof nm, "matmul x@W^T, W %s", wdt == KDA_BF16 ? "bf16" : "f32 (cvt)");
+  row(nm, s, ms, 2.0 * M * N * K, 0);
+  free_views(v, 2);
+  be->free(o.data);
+}
+
+static void bench_attention(int64_t B, int64_t T, int64_t H, int64_t D) {
+  kda_tview v[4];
+  for (int i = 0; i < 4; i++) v[i] = buf(KDA_BF16, 4, B, T, H, D, 1.f);
+  kda_tview o = buf(KDA_BF16, 4, B, T, H, D, 1.f);
+  kda_tview g = buf(KDA_BF16, 1, 3 * B * T * H * D, 1, 1, 1, 1.f);
+  kda_exec_node n[2];
+  memset(n, 0, sizeof n);
+  n[0].op = KDA_OP_ATTENTION, n[0].nin = 3, n[0].in = v, n[0].out = o;
+  n[1].op = KDA_OP_ATTENTION_BWD, n[1].nin = 4, n[1].in = v, n[1].out = g;
+  double fwd_flops = 2.0 * B * H * (double)T * T * D;   /* 4 B H T^2 D, halved by causality */
+  char s[64];
+  snprintf(s, sizeof s, "B=%lld T=%lld H=%lld Dh=%lld", (long long)B, (long long)T, (long long)H, (long long)D);
+  row("attention fwd", s, time_list(n, 1), fwd_flops, 0);
+  row("attention fwd+bwd (3.5x fwd)", s, time_list(n, 2), 3.5 * fwd_flops, 0);
+  free_views(v, 4);
+  be->free(o.data);
+  be->free(g.data);
+}
+
+static void bench_rows(int64_t N, int64_t D) {
+  kda_tview x = buf(KDA_BF16, 2, N, D, 1, 1, 1.f), w = buf(KDA_F32, 1, D, 1, 1, 1, 1.f);
+  kda_tview y = buf(KDA_BF16, 2, N, D, 1, 1, 1.f), dx = buf(KDA_BF16, 1, N * D + D, 1, 1, 1, 1.f);
+  kda_tview in[3] = {x, w, y};
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_RMSNORM, n.nin = 2, n.in = in, n.out = y, n.fattr[0] = 1e-5f;
+  char s[64];
+  snprintf(s, sizeof s, "[%lld,%lld] bf16", (long long)N, (long long)D);
+  row("rmsnorm fwd", s, time_list(&n, 1), 0, 2.0 * N * D * 2);
+  n.op = KDA_OP_RMSNORM_BWD, n.nin = 3, n.out = dx;
+  row("rmsnorm bwd (dx + dw)", s, time_list(&n, 1), 0, 2.0 * N * D * 3);
+  be->free(x.data), be->free(w.data), be->free(y.data), be->free(dx.data);
+}
+
+static void bench_xent(int64_t N, int64_t V) {
+  kda_tview z = buf(KDA_BF16, 2, N, V, 1, 1, 4.f), t = buf(KDA_I32, 1, N, 1, 1, 1, 1.f);
+  kda_tview l = buf(KDA_F32, 1, N, 1, 1, 1, 1.f), dz = buf(KDA_BF16, 2, N, V, 1, 1, 1.f);
+  kda_tview in[3] = {z, t, l};
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_CROSS_ENTROPY, n.nin = 2, n.in = in, n.out = l;
+  char s[64];
+  snprintf(s, sizeof s, "[%lld,%lld] bf16", (long long)N, (long long)V);
+  row("cross_entropy fwd", s, time_list(&n, 1), 0, 2.0 * N * V + 8.0 * N);
+  n.op = KDA_OP_CROSS_ENTROPY_BWD, n.nin = 3, n.out = dz;
+  row("cross_entropy bwd", s, time_list(&n, 1), 0, 4.0 * N * V + 8.0 * N);
+  be->free(z.data), be->free(t.data), be->free(l.data), be->free(dz.data);
+}
+
+static void bench_adamw(int64_t P) {
+  kda_tview v[6] = {buf(KDA_F32, 1, P, 1, 1, 1, 0.02f), buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f),
+                    buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f), buf(KDA_F32, 1, P, 1, 1, 1, 1e-6f),
+                    buf(KDA_F32, 1, 1, 1, 1, 1, 0.f), buf(KDA_F32, 1, 4, 1, 1, 1, 0.f)};
+  float gn = 0.5f, st[4] = {10, 1e-3f, 0, 0};
+  be->write(v[4].data, &gn, 4);
+  be->write(v[5].data, st, 16);
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_ADAMW, n.nin = 6, n.in = v, n.out = v[0];
+  n.fattr[0] = 0.9f, n.fattr[1] = 0.95f, n.fattr[2] = 1e-8f, n.fattr[3] = 0.1f, n.fattr[4] = 1.f;
+  char s[64];
+  snprintf(s, sizeof s, "%lld f32 params", (long long)P);
+  row("adamw (one tensor)", s, time_list(&n, 1), 0, 28.0 * P);
+  free_views(v, 6);
+}
+
+int main(void) {
+  be = kda_cuda_backend();
+  if (!be) {
+    printf("# skip: no CUDA device\n");
+    return 0;
+  }
+  stream = (cudaStream_t)kda_cuda_stream();
+  printf("# kda cuda_ops_bench on %s (dense bf16 peak used for MFU elsewhere: %.0f TFLOP/s)\n",
+         kda_cuda_device_name(), kda_cuda_bf16_peak_flops() / 1e12);
+  printf("# median of %d warm reps, each one graph replay; env KDA_ATTN_SIMPLE=%s\n", REPS,
+         getenv("KDA_ATTN_SIMPLE") ? getenv("KDA_ATTN_SIMPLE") : "unset");
+  printf("| %-28s | %-26s | %9s | %-16s |\n", "op", "shape", "ms", "rate");
+  printf("|------------------------------|----------------------------|-----------|------------------|\n");
+  bench_copy();
+  bench_gemm(8192, 8192, 8192, KDA_BF16);
+  bench_gemm(4096, 3072, 768, KDA_BF16);
+  bench_gemm(4096, 768, 3072, KDA_BF16);
+  bench_gemm(4096, 3072, 768, KDA_F32);
+  bench_gemm(32768, 8192, 2048, KDA_BF16);
+  bench_gemm(32768, 2048, 8192, KDA_BF16);
+  bench_gemm(32768, 8192, 2048, KDA_F32);
+  bench_attention(8, 2048, 16, 128);
+  bench_attention(64, 1024, 12, 64);
+  bench_rows(65536, 768);
+  bench_rows(65536, 2048);
+  bench_xent(65536, 256);
+  bench_adamw(124000000);
+  printf("# peak device memory held by kda: %.2f GiB\n", kda_cuda_peak_mem_bytes() / 1073741824.0);
+  return 0;
+}

@@ -1,0 +1,140 @@
+/* kda_bench.cu — time the CUDA KDA forward and forward+backward (kernels/kda_cuda.cu).
+ * Shapes (B,T,H,D) with H = HV, K = V = D, bf16, pre-gated g = logsigmoid(randn), beta =
+ * sigmoid(randn), q/k l2norm in kernel, chunk 64. For each shape: first-call time, then the
+ * median of warm reps (cudaEvents), and inside a CUDA graph for the small shapes.
+ * FLOP counts: KDA.md §8 "executed" formulas; bytes: the fused-ideal I/O (read q,k,v,g,beta,
+ * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
+ * from the bandwidth floor the kernels are.                                                    */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+#include <algorithm>
+#include "kda.h"
+#include "kda_cuda.h"
+
+#define CK(call)                                                                             \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(2);                                                                               \
+    }                                                                                        \
+  } while (0)
+#define KOK(call)                                                          \
+  do {                                                                     \
+    if (call) { fprintf(stderr, "%s: %s\n", #call, kda_last_error()); exit(2); } \
+  } while (0)
+
+static uint64_t rs = 7;
+static float randn() {
+  auto u = [] { rs = rs * 6364136223846793005ull + 1442695040888963407ull; return ((rs >> 11) + 0.5) / 9007199254740992.0; };
+  return (float)(sqrt(-2 * log(u())) * cos(6.283185307179586 * u()));
+}
+static void *dev_rand(size_t n, int kind) {   /* 0 randn, 1 logsigmoid(randn), 2 sigmoid(randn) */
+  std::vector<__nv_bfloat16> h(n);
+  for (size_t i = 0; i < n; i++) {
+    float x = randn();
+    h[i] = __float2bfloat16(kind == 0 ? x : kind == 1 ? -log1pf(expf(-x)) : 1 / (1 + expf(-x)));
+  }
+  void *d;
+  CK(cudaMalloc(&d, n * 2));
+  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct bufs { void *q, *k, *v, *g, *b, *o, *dO, *dq, *dk, *dv, *dg, *db, *ws; int64_t wsb; };
+
+static int run(const kda_kda_args *a, bufs &x, int bwd, cudaStream_t st) {
+  if (kda_kda_cuda_forward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.o, nullptr, x.ws, x.wsb, st)) return -1;
+  if (bwd && kda_kda_cuda_backward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.dO, nullptr, x.dq, x.dk,
+                                   x.dv, x.dg, x.db, nullptr, nullptr, nullptr, x.ws, x.wsb, st)) return -1;
+  return 0;
+}
+
+static double median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
+
+/* median ms of reps; graph = 1 replays a captured graph of one call */
+static double time_it(const kda_kda_args *a, bufs &x, int bwd, int graph, int reps, cudaStream_t st) {
+  cudaGraphExec_t ge = nullptr;
+  if (graph) {
+    cudaGraph_t gr;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    KOK(run(a, x, bwd, st));
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    CK(cudaGraphDestroy(gr));
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 3; r++) {
+    CK(cudaEventRecord(e0, st));
+    if (graph) CK(cudaGraphLaunch(ge, st));
+    else KOK(run(a, x, bwd, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  if (ge) CK(cudaGraphExecDestroy(ge));
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  return median(ms);
+}
+
+int main() {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || !ndev) { printf("# no CUDA device: bench skipped\n"); return 0; }
+  cudaDeviceProp pr;
+  CK(cudaGetDeviceProperties(&pr, 0));
+  printf("# kda_bench on %s; bf16, pre-gated g = logsigmoid(randn), l2norm in kernel, chunk 64\n", pr.name);
+  printf("# FLOPs: KDA.md §8 executed counts; bytes: fused-ideal I/O\n");
+  printf("%-22s %-7s %9s %9s %9s %9s %9s %9s\n", "shape (B,T,H,D)", "mode", "first_ms", "med_ms",
+         "graph_ms", "TFLOP/s", "GB/s", "Mtok/s");
+  int64_t shapes[][4] = {{8, 2048, 16, 128}, {1, 8192, 16, 128}, {32, 512, 4, 64}, {8, 512, 4, 64}};
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  for (auto &s : shapes) {
+    int64_t B = s[0], T = s[1], H = s[2], D = s[3], C = 64;
+    kda_kda_args a = {};
+    a.B = B, a.T = T, a.H = H, a.HV = H, a.K = D, a.V = D, a.chunk = (int)C, a.qk_l2norm = 1;
+    int64_t n = B * T * H * D, nb = B * T * H;
+    bufs x;
+    x.q = dev_rand(n, 0), x.k = dev_rand(n, 0), x.v = dev_rand(n, 0), x.g = dev_rand(n, 1);
+    x.b = dev_rand(nb, 2), x.dO = dev_rand(n, 0);
+    CK(cudaMalloc(&x.o, n * 2)); CK(cudaMalloc(&x.dq, n * 2)); CK(cudaMalloc(&x.dk, n * 2));
+    CK(cudaMalloc(&x.dv, n * 2)); CK(cudaMalloc(&x.dg, n * 2)); CK(cudaMalloc(&x.db, nb * 2));
+    x.wsb = kda_kda_cuda_workspace_bytes(&a, 1);
+    CK(cudaMalloc(&x.ws, x.wsb));
+    double K = D, V = D, Cd = C, tokh = (double)B * T * H;
+    double ffwd = 40.0 * 256 * K / Cd + 2 * Cd * K + 2 * Cd * V + 4 * K * V + 2 * K * V + 2 * Cd * V +
+                  450 + 16 * 2 * 4096 / Cd;
+    double fbwd = 2 * Cd * (K + V) + 4 * K * V + 4 * Cd * V + 6 * K * V +
+                  (6 * K * V + 4 * Cd * V + 4 * Cd * K + 4 * Cd * Cd + 2 * K * V / Cd) + 80.0 * 256 * K / Cd;
+    double byf = (3 * K + V + 1 + V) * 2, byb = byf + (V + 3 * K + V + 1) * 2;
+    int small = T * B <= 16384;
+    for (int bwd = 0; bwd < 2; bwd++) {
+      CK(cudaDeviceSynchronize());
+      double t0 = kda_now();
+      KOK(run(&a, x, bwd, st));
+      CK(cudaStreamSynchronize(st));
+      double first = (kda_now() - t0) * 1e3;
+      int reps = tokh * D > 1e8 ? 10 : 30;
+      double med = time_it(&a, x, bwd, 0, reps, st);
+      double gms = small ? time_it(&a, x, bwd, 1, reps, st) : NAN;
+      double best = small && gms < med ? gms : med;
+      double fl = tokh * (ffwd + (bwd ? fbwd : 0)), by = tokh * (bwd ? byb : byf);
+      char nm[64];
+      snprintf(nm, sizeof nm, "(%lld,%lld,%lld,%lld)", (long long)B, (long long)T, (long long)H, (long long)D);
+      printf("%-22s %-7s %9.3f %9.3f %9.3f %9.2f %9.1f %9.2f\n", nm, bwd ? "fwd+bwd" : "fwd", first, med,
+             gms, fl / best * 1e-9, by / best * 1e-6, B * T / best * 1e-3);
+      fflush(stdout);
+    }
+    void *fr[] = {x.q, x.k, x.v, x.g, x.b, x.o, x.dO, x.dq, x.dk, x.dv, x.dg, x.db, x.ws};
+    for (void *p : fr) CK(cudaFree(p));
+  }
+  return 0;
+}

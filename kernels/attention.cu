@@ -1,0 +1,533 @@
+/* attention.cu — causal attention, layout [B,T,H,Dh], never materialising T x T.
+ * CPU twin: cpu_attention, cpu_attention_bwd in core/cpu_ops.c.
+ *
+ * Forward (ATTENTION): flash-style online softmax over key tiles; fp32 statistics; writes O
+ * and, when asked, the log-sum-exp per row (natural log, [B,H,T]).
+ *   - tensor-core path: bf16 q/k/v, Dh 64 or 128, 16-byte aligned rows: mma.sync m16n8k16
+ *     (bf16 in, fp32 accumulate), 64 queries x 64 keys per step, 4 warps of 16 query rows,
+ *     S and P never leave registers (the C fragment of S is reused as the A fragment of P).
+ *   - generic path (any Dh <= 256, f32 or bf16): one warp per query row, fp32 SIMT.
+ * Backward (ATTENTION_BWD), deterministic with no atomics:
+ *   1. recompute O (f32, scratch) and lse with the forward;  2. Dsum_i = dO_i . O_i;
+ *   3. dq in a pass over key tiles per query row;  4. dk, dv in a pass over query tiles per
+ *      key row. Every output element has exactly one writer, summing in a fixed order.
+ * The backward passes are the generic SIMT kernels (correct for every Dh; a tensor-core
+ * backward is the next step, see docs/cuda.md). KDA_ATTN_SIMPLE=1 forces the generic forward. */
+#include <stdlib.h>
+#include <string.h>
+#include "kernels.h"
+
+#define LOG2E 1.4426950408889634f
+#define LN2F 0.69314718055994530942f
+
+static float attn_scale(const kda_exec_node *n) {
+  return n->fattr[0] != 0 ? n->fattr[0] : 1.0f / sqrtf((float)n->in[0].shape[3]);
+}
+
+/* Raise a kernel's dynamic shared-memory limit once to what it needs (not a stream operation,
+ * and done on the eager warm-up run, before any capture). */
+#define RAISE_SMEM(kernel, bytes)                                                           \
+  do {                                                                                     \
+    static size_t done_ = 0;                                                               \
+    if ((size_t)(bytes) > 48 * 1024 && (size_t)(bytes) > done_) {                          \
+      KC_CUDA(n, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                      (int)(bytes)));                                      \
+      done_ = (size_t)(bytes);                                                             \
+    }                                                                                      \
+  } while (0)
+
+/* ======================= generic SIMT kernels (warp per row) =============================== */
+#define QW 8    /* query rows (warps) per block */
+#define TK 32   /* keys per tile: one per lane */
+
+/* Cooperative load of rows [r0, r0+TK) of x (row stride rs) into s[TK][D+1] as f32; zero past T. */
+__device__ __forceinline__ void load_rows(float *s, const void *x, int dt, int64_t base,
+                                          int64_t rs, int r0, int T, int D) {
+  for (int e = threadIdx.x; e < TK * D; e += blockDim.x) {
+    int r = e / D, c = e - r * D;
+    s[r * (D + 1) + c] = r0 + r < T ? kc_ld(x, dt, base + (int64_t)(r0 + r) * rs + c) : 0.f;
+  }
+}
+
+struct attn_io {
+  const void *q, *k, *v, *dout;
+  int qdt, kdt, vdt, ddt;
+  void *o;       /* forward: O; dq pass: dq; dkdv pass: dk */
+  void *o2;      /* dkdv pass: dv */
+  int odt;
+  float *lse, *dsum;
+  const float *O32;   /* recomputed O for Dsum */
+  int T, H, D;
+  float scale;
+};
+
+template <int NC>
+__global__ void k_attn_fwd_simple(attn_io a) {
+  extern __shared__ float sm[];
+  const int D = a.D, LDS = D + 1;
+  float *Ks = sm, *Vs = Ks + TK * LDS, *qs = Vs + TK * LDS + (threadIdx.x >> 5) * D;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+  int b = bh / a.H, h = bh % a.H, i0 = blockIdx.x * QW, i = i0 + w;
+  int64_t rs = (int64_t)a.H * D, base = ((int64_t)b * a.T * a.H + h) * D;
+  for (int c = lane; c < D; c += 32) qs[c] = i < a.T ? kc_ld(a.q, a.qdt, base + i * rs + c) : 0.f;
+  float m = -INFINITY, l = 0.f, acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; c++) acc[c] = 0.f;
+  int last = min(a.T - 1, i0 + QW - 1);
+  for (int kb = 0; kb <= last; kb += TK) {
+    __syncthreads();
+    load_rows(Ks, a.k, a.kdt, base, rs, kb, a.T, D);
+    load_rows(Vs, a.v, a.vdt, base, rs, kb, a.T, D);
+    __syncthreads();
+    if (i >= a.T || kb > i) continue;          /* uniform per warp */
+    int j = kb + lane;
+    float s = -INFINITY;
+    if (j <= i) {
+      float d = 0.f;
+      for (int c = 0; c < D; c++) d += qs[c] * Ks[lane * LDS + c];
+      s = d * a.scale;
+    }
+    float mn = fmaxf(m, kc_warp_max(s));       /* finite: key kb <= i is in this tile */
+    float p = j <= i ? expf(s - mn) : 0.f, corr = expf(m - mn);
+    l = l * corr + kc_warp_sum(p);
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] *= corr;
+    int nj = min(TK, i - kb + 1);
+    for (int jj = 0; jj < nj; jj++) {
+      float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+      for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < D) acc[c] += pj * Vs[jj * LDS + lane + 32 * c];
+    }
+    m = mn;
+  }
+  if (i >= a.T) return;
+  float inv = 1.0f / l;
+#pragma unroll
+  for (int c = 0; c < NC; c++)
+    if (lane + 32 * c < D) kc_st(a.o, a.odt, base + i * rs + lane + 32 * c, acc[c] * inv);
+  if (a.lse && lane == 0) a.lse[(int64_t)bh * a.T + i] = m + logf(l);
+}
+
+/* Dsum[bh, i] = sum_d dO[i,d] O[i,d], one warp per row. */
+__global__ void k_attn_dsum(attn_io a, int64_t rows) {
+  int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (r >= rows) return;   /* r indexes [B,T,H] */
+  int64_t h = r % a.H, bt = r / a.H, t = bt % a.T, b = bt / a.T;
+  float s = 0.f;
+  for (int c = lane; c < a.D; c += 32) s += kc_ld(a.dout, a.ddt, r * a.D + c) * a.O32[r * a.D + c];
+  s = kc_warp_sum(s);
+  if (lane == 0) a.dsum[(b * a.H + h) * a.T + t] = s;
+}
+
+/* dq_i = scale * sum_{j<=i} P_ij (dP_ij - Dsum_i) k_j, one warp per query row. */
+template <int NC>
+__global__ void k_attn_dq_simple(attn_io a) {
+  extern __shared__ float sm[];
+  const int D = a.D, LDS = D + 1;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+  float *Ks = sm, *Vs = Ks + TK * LDS, *qs = Vs + TK * LDS + w * 2 * D, *dos = qs + D;
+  int b = bh / a.H, h = bh % a.H, i0 = blockIdx.x * QW, i = i0 + w;
+  int64_t rs = (int64_t)a.H * D, base = ((int64_t)b * a.T * a.H + h) * D;
+  for (int c = lane; c < D; c += 32) {
+    qs[c] = i < a.T ? kc_ld(a.q, a.qdt, base + i * rs + c) : 0.f;
+    dos[c] = i < a.T ? kc_ld(a.dout, a.ddt, base + i * rs + c) : 0.f;
+  }
+  float lse = i < a.T ? a.lse[(int64_t)bh * a.T + i] : 0.f;
+  float dsum = i < a.T ? a.dsum[(int64_t)bh * a.T + i] : 0.f;
+  float acc[NC];
+#pragma unroll
+  for (int c = 0; c < NC; c++) acc[c] = 0.f;
+  int last = min(a.T - 1, i0 + QW - 1);
+  for (int kb = 0; kb <= last; kb += TK) {
+    __syncthreads();
+    load_rows(Ks, a.k, a.kdt, base, rs, kb, a.T, D);
+    load_rows(Vs, a.v, a.vdt, base, rs, kb, a.T, D);
+    __syncthreads();
+    if (i >= a.T || kb > i) continue;
+    int j = kb + lane;
+    float ds = 0.f;
+    if (j <= i) {
+      float s = 0.f, dp = 0.f;
+      for (int c = 0; c < D; c++) {
+        s += qs[c] * Ks[lane * LDS + c];
+        dp += dos[c] * Vs[lane * LDS + c];
+      }
+      float p = expf(s * a.scale - lse);
+      ds = p * (dp - dsum);
+    }
+    int nj = min(TK, i - kb + 1);
+    for (int jj = 0; jj < nj; jj++) {
+      float dsj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+      for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < D) acc[c] += dsj * Ks[jj * LDS + lane + 32 * c];
+    }
+  }
+  if (i >= a.T) return;
+#pragma unroll
+  for (int c = 0; c < NC; c++)
+    if (lane + 32 * c < D) kc_st(a.o, a.odt, base + i * rs + lane + 32 * c, acc[c] * a.scale);
+}
+
+/* dv_j = sum_{i>=j} P_ij dO_i;  dk_j = scale * sum_{i>=j} dS_ij q_i, one warp per key row. */
+template <int NC>
+__global__ void k_attn_dkdv_simple(attn_io a) {
+  extern __shared__ float sm[];
+  const int D = a.D, LDS = D + 1;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, bh = blockIdx.y;
+  float *Qs = sm, *Ds = Qs + TK * LDS, *ls = Ds + TK * LDS, *dss = ls + TK;
+  float *ks = dss + TK + w * 2 * D, *vs = ks + D;
+  int b = bh / a.H, h = bh % a.H, j0 = blockIdx.x * QW, j = j0 + w;
+  int64_t rs = (int64_t)a.H * D, base = ((int64_t)b * a.T * a.H + h) * D;
+  for (int c = lane; c < D; c += 32) {
+    ks[c] = j < a.T ? kc_ld(a.k, a.kdt, base + j * rs + c) : 0.f;
+    vs[c] = j < a.T ? kc_ld(a.v, a.vdt, base + j * rs + c) : 0.f;
+  }
+  float dk[NC], dv[NC];
+#pragma unroll
+  for (int c = 0; c < NC; c++) dk[c] = dv[c] = 0.f;
+  for (int qb = j0; qb < a.T; qb += TK) {
+    __syncthreads();
+    load_rows(Qs, a.q, a.qdt, base, rs, qb, a.T, D);
+    load_rows(Ds, a.dout, a.ddt, base, rs, qb, a.T, D);
+    if (threadIdx.x < TK) {
+      int ii = qb + threadIdx.x;
+      ls[threadIdx.x] = ii < a.T ? a.lse[(int64_t)bh * a.T + ii] : 0.f;
+      dss[threadIdx.x] = ii < a.T ? a.dsum[(int64_t)bh * a.T + ii] : 0.f;
+    }
+    __syncthreads();
+    if (j >= a.T) continue;
+    int i = qb + lane;
+    float p = 0.f, ds = 0.f;
+    if (i >= j && i < a.T) {
+      float s = 0.f, dp = 0.f;
+      for (int c = 0; c < D; c++) {
+        s += Qs[lane * LDS + c] * ks[c];
+        dp += Ds[lane * LDS + c] * vs[c];
+      }
+      p = expf(s * a.scale - ls[lane]);
+      ds = p * (dp - dss[lane]);
+    }
+    int i_lo = max(j - qb, 0), i_hi = min(TK, a.T - qb);
+    for (int ii = i_lo; ii < i_hi; ii++) {
+      float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+      for (int c = 0; c < NC; c++)
+        if (lane + 32 * c < D) {
+          dv[c] += pi * Ds[ii * LDS + lane + 32 * c];
+          dk[c] += dsi * Qs[ii * LDS + lane + 32 * c];
+        }
+    }
+  }
+  if (j >= a.T) return;
+#pragma unroll
+  for (int c = 0; c < NC; c++)
+    if (lane + 32 * c < D) {
+      kc_st(a.o, a.odt, base + j * rs + lane + 32 * c, dk[c] * a.scale);
+      kc_st(a.o2, a.odt, base + j * rs + lane + 32 * c, dv[c]);
+    }
+}
+
+/* Launch kernel template K<NC> with NC = ceil(D/32) in 1..8. */
+#define NC_DISPATCH(K, D, LAUNCH)                                                           \
+  switch (((D) + 31) / 32) {                                                               \
+  case 1: LAUNCH(K<1>); break;                                                             \
+  case 2: LAUNCH(K<2>); break;                                                             \
+  case 3: LAUNCH(K<3>); break;                                                             \
+  case 4: LAUNCH(K<4>); break;                                                             \
+  case 5: LAUNCH(K<5>); break;                                                             \
+  case 6: LAUNCH(K<6>); break;                                                             \
+  case 7: LAUNCH(K<7>); break;                                                             \
+  default: LAUNCH(K<8>); break;                                                            \
+  }
+
+static int fwd_simple(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B) {
+  size_t smem = (size_t)(2 * TK * (a.D + 1) + QW * a.D) * sizeof(float);
+  dim3 grid((unsigned)((a.T + QW - 1) / QW), (unsigned)(B * a.H));
+#define L_FWD(K)                                                                           \
+  do {                                                                                     \
+    RAISE_SMEM(K, smem);                                                                   \
+    K<<<grid, QW * 32, smem, c->stream>>>(a);                                              \
+  } while (0)
+  NC_DISPATCH(k_attn_fwd_simple, a.D, L_FWD);
+  KC_LAUNCH_CHECK(n, "k_attn_fwd_simple");
+  return 0;
+}
+
+/* ======================= tensor-core forward (mma.sync m16n8k16 bf16) ====================== */
+#define BQ 64
+#define BK 64
+
+__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t pack_u16(unsigned short lo, unsigned short hi) {
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+/* Tile rows [r0, r0+64) of a [.,Dh] bf16 head slice (row stride rs) into s[64][DH+8], 16 B at
+ * a time; rows past T are zero so masked keys multiply 0, never garbage. */
+template <int DH>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t rs,
+                                          int r0, int T) {
+  constexpr int LD = DH + 8, CPR = DH / 8;   /* 16-byte chunks per row */
+  for (int e = threadIdx.x; e < 64 * CPR; e += blockDim.x) {
+    int r = e / CPR, ch = e - r * CPR;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < T) v = *(const uint4 *)(g + (int64_t)(r0 + r) * rs + ch * 8);
+    *(uint4 *)(s + r * LD + ch * 8) = v;
+  }
+}
+
+template <typename TO> __device__ __forceinline__ void store2(TO *p, float x, float y);
+template <> __device__ __forceinline__ void store2<float>(float *p, float x, float y) {
+  *(float2 *)p = make_float2(x, y);
+}
+template <> __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16 *p, float x, float y) {
+  *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x, y);
+}
+
+template <int DH, typename TO>
+__global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
+                                                      const __nv_bfloat16 *k,
+                                                      const __nv_bfloat16 *v, TO *o, float *lse,
+                                                      int T, int H, float scale) {
+  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8;
+  extern __shared__ __align__(16) unsigned char smraw[];
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD;
+  const int qb = (gridDim.x - 1 - blockIdx.x) * BQ;   /* longest (last) query tiles first */
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  load_tile<DH>(Qs, q + base, rs, qb, T);
+  __syncthreads();
+  uint32_t qf[NKS][4];
+  const int r0 = warp * 16;
+#pragma unroll
+  for (int ks = 0; ks < NKS; ks++) {
+    qf[ks][0] = *(const uint32_t *)&Qs[(r0 + g) * LD + ks * 16 + 2 * t4];
+    qf[ks][1] = *(const uint32_t *)&Qs[(r0 + g + 8) * LD + ks * 16 + 2 * t4];
+    qf[ks][2] = *(const uint32_t *)&Qs[(r0 + g) * LD + ks * 16 + 8 + 2 * t4];
+    qf[ks][3] = *(const uint32_t *)&Qs[(r0 + g + 8) * LD + ks * 16 + 8 + 2 * t4];
+  }
+  float oacc[ND][4];
+#pragma unroll
+  for (int d = 0; d < ND; d++) oacc[d][0] = oacc[d][1] = oacc[d][2] = oacc[d][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float sl2 = scale * LOG2E;
+  const int row0 = qb + r0 + g, row1 = row0 + 8;
+  const int kend = min(T, qb + BQ);
+  for (int kb = 0; kb < kend; kb += BK) {
+    __syncthreads();   /* every warp is done with the previous K/V tile */
+    load_tile<DH>(Ks, k + base, rs, kb, T);
+    load_tile<DH>(Vs, v + base, rs, kb, T);
+    __syncthreads();
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < NKS; ks++) {
+        uint32_t b0 = *(const uint32_t *)&Ks[(nt * 8 + g) * LD + ks * 16 + 2 * t4];
+        uint32_t b1 = *(const uint32_t *)&Ks[(nt * 8 + g) * LD + ks * 16 + 8 + 2 * t4];
+        mma16816(s[nt], qf[ks], b0, b1);
+      }
+    }
+    /* scale into log2 units, mask (causal and past T), row max over the quad */
+    float mx0 = m0, mx1 = m1;
+    const bool diag = kb + BK > qb;   /* only tiles touching the diagonal or T need masks */
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int key = kb + nt * 8 + 2 * t4 + e;
+        float x0 = s[nt][e] * sl2, x1 = s[nt][2 + e] * sl2;
+        if (diag || kb + BK > T) {
+          if (key > row0 || key >= T) x0 = -INFINITY;
+          if (key > row1 || key >= T) x1 = -INFINITY;
+        }
+        s[nt][e] = x0;
+        s[nt][2 + e] = x1;
+        mx0 = fmaxf(mx0, x0);
+        mx1 = fmaxf(mx1, x1);
+      }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
+    const float c0 = exp2f(m0 - base0), c1 = exp2f(m1 - base1);
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+      oacc[d][0] *= c0; oacc[d][1] *= c0;
+      oacc[d][2] *= c1; oacc[d][3] *= c1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      s[nt][0] = exp2f(s[nt][0] - base0);
+      s[nt][1] = exp2f(s[nt][1] - base0);
+      s[nt][2] = exp2f(s[nt][2] - base1);
+      s[nt][3] = exp2f(s[nt][3] - base1);
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+    }
+    /* O += P V: the C fragments of S tiles (2j, 2j+1) are the A fragment of P's k-step j */
+    const unsigned short *Vu = (const unsigned short *)Vs;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int kr = kk * 16 + 2 * t4;
+#pragma unroll
+      for (int d = 0; d < ND; d++) {
+        const int col = d * 8 + g;
+        uint32_t b0 = pack_u16(Vu[kr * LD + col], Vu[(kr + 1) * LD + col]);
+        uint32_t b1 = pack_u16(Vu[(kr + 8) * LD + col], Vu[(kr + 9) * LD + col]);
+        mma16816(oacc[d], pa, b0, b1);
+      }
+    }
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+  for (int d = 0; d < ND; d++) {
+    const int col = d * 8 + 2 * t4;
+    if (row0 < T) store2<TO>(o + base + (int64_t)row0 * rs + col, oacc[d][0] * i0, oacc[d][1] * i0);
+    if (row1 < T) store2<TO>(o + base + (int64_t)row1 * rs + col, oacc[d][2] * i1, oacc[d][3] * i1);
+  }
+  if (lse && t4 == 0) {
+    if (row0 < T) lse[(int64_t)bh * T + row0] = (m0 + log2f(l0)) * LN2F;
+    if (row1 < T) lse[(int64_t)bh * T + row1] = (m1 + log2f(l1)) * LN2F;
+  }
+}
+
+template <int DH, typename TO>
+static int launch_fwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B, TO *o) {
+  size_t smem = (size_t)(BQ + 2 * BK) * (DH + 8) * 2;
+  RAISE_SMEM((k_attn_fwd_mma<DH, TO>), smem);
+  dim3 grid((unsigned)((a.T + BQ - 1) / BQ), (unsigned)(B * a.H));
+  k_attn_fwd_mma<DH, TO><<<grid, 128, smem, c->stream>>>(
+      (const __nv_bfloat16 *)a.q, (const __nv_bfloat16 *)a.k, (const __nv_bfloat16 *)a.v, o,
+      a.lse, a.T, a.H, a.scale);
+  KC_LAUNCH_CHECK(n, "k_attn_fwd_mma");
+  return 0;
+}
+
+static int use_mma(const attn_io *a) {
+  static int simple = -1;
+  if (simple < 0) {
+    const char *e = getenv("KDA_ATTN_SIMPLE");
+    simple = e && *e && strcmp(e, "0") != 0;
+  }
+  if (simple || (a->D != 64 && a->D != 128)) return 0;
+  if (a->qdt != KDA_BF16 || a->kdt != KDA_BF16 || a->vdt != KDA_BF16) return 0;
+  if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v) & 15) return 0;
+  return a->odt == KDA_BF16 || a->odt == KDA_F32;
+}
+
+/* Forward into a.o (dtype a.odt), lse optional. */
+static int fwd_any(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B) {
+  if (!use_mma(&a) || ((uintptr_t)a.o & 7)) return fwd_simple(n, c, a, B);
+  if (a.odt == KDA_BF16) {
+    __nv_bfloat16 *o = (__nv_bfloat16 *)a.o;
+    return a.D == 64 ? launch_fwd_mma<64>(n, c, a, B, o) : launch_fwd_mma<128>(n, c, a, B, o);
+  }
+  float *o = (float *)a.o;
+  return a.D == 64 ? launch_fwd_mma<64>(n, c, a, B, o) : launch_fwd_mma<128>(n, c, a, B, o);
+}
+
+static attn_io io_of(const kda_exec_node *n) {
+  attn_io a;
+  memset(&a, 0, sizeof a);
+  a.q = n->in[0].data, a.k = n->in[1].data, a.v = n->in[2].data;
+  a.qdt = n->in[0].dtype, a.kdt = n->in[1].dtype, a.vdt = n->in[2].dtype;
+  a.T = (int)n->in[0].shape[1], a.H = (int)n->in[0].shape[2], a.D = (int)n->in[0].shape[3];
+  a.scale = attn_scale(n);
+  return a;
+}
+
+static int check_dims(const kda_exec_node *n) {
+  const kda_tview *q = &n->in[0];
+  if (q->shape[3] > 256)
+    return kda_set_error("cuda: %s node %d: head dim %lld > 256 is not supported on CUDA: use "
+                         "more heads", kda_op_name(n->op), n->id, (long long)q->shape[3]);
+  if (q->shape[1] > 0x7fffffff / 2 || q->shape[0] * q->shape[2] > 65535)
+    return kda_set_error("cuda: %s node %d: B*H = %lld exceeds 65535 (grid y)", kda_op_name(n->op),
+                         n->id, (long long)(q->shape[0] * q->shape[2]));
+  return 0;
+}
+
+int kc_attention(const kda_exec_node *n, kc_ctx *c) {
+  if (check_dims(n)) return -1;
+  attn_io a = io_of(n);
+  a.o = n->out.data, a.odt = n->out.dtype;
+  return fwd_any(n, c, a, n->in[0].shape[0]);
+}
+
+/* Backward scratch: O in f32 [B,T,H,Dh], lse and Dsum [B,H,T]. */
+int64_t kc_attention_scratch(const kda_exec_node *n) {
+  if (n->op != KDA_OP_ATTENTION_BWD) return 0;
+  int64_t numel = kc_numel(&n->in[0]), rows = numel / n->in[0].shape[3];
+  return KC_ALIGN(numel * 4) + 2 * KC_ALIGN(rows * 4);
+}
+
+int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c) {
+  if (check_dims(n)) return -1;
+  int64_t B = n->in[0].shape[0], numel = kc_numel(&n->in[0]), rows = numel / n->in[0].shape[3];
+  attn_io a = io_of(n);
+  a.dout = n->in[3].data, a.ddt = n->in[3].dtype;
+  char *s = (char *)c->scratch;
+  float *O32 = (float *)s;
+  a.lse = (float *)(s + KC_ALIGN(numel * 4));
+  a.dsum = (float *)(s + KC_ALIGN(numel * 4) + KC_ALIGN(rows * 4));
+  a.O32 = O32;
+  /* 1. recompute O (f32) and lse */
+  attn_io f = a;
+  f.o = O32, f.odt = KDA_F32;
+  if (fwd_any(n, c, f, B)) return -1;
+  /* 2. Dsum */
+  k_attn_dsum<<<kc_blocks(rows, 8, INT32_MAX), 256, 0, c->stream>>>(a, rows);
+  KC_LAUNCH_CHECK(n, "k_attn_dsum");
+  /* 3. dq, 4. dk dv — packed [3,B,T,H,Dh] in out's dtype */
+  int64_t es = kc_dsize(n->out.dtype);
+  char *out = (char *)n->out.data;
+  a.odt = n->out.dtype;
+  dim3 grid((unsigned)((a.T + QW - 1) / QW), (unsigned)(B * a.H));
+  size_t smem_dq = (size_t)(2 * TK * (a.D + 1) + QW * 2 * a.D) * sizeof(float);
+  size_t smem_kv = (size_t)(2 * TK * (a.D + 1) + 2 * TK + QW * 2 * a.D) * sizeof(float);
+  a.o = out;
+#define L_DQ(K)                                                                            \
+  do {                                                                                     \
+    RAISE_SMEM(K, smem_dq);                                                                \
+    K<<<grid, QW * 32, smem_dq, c->stream>>>(a);                                           \
+  } while (0)
+  NC_DISPATCH(k_attn_dq_simple, a.D, L_DQ);
+  KC_LAUNCH_CHECK(n, "k_attn_dq_simple");
+  a.o = out + numel * es, a.o2 = out + 2 * numel * es;
+#define L_KV(K)                                                                            \
+  do {                                                                                     \
+    RAISE_SMEM(K, smem_kv);                                                                \
+    K<<<grid, QW * 32, smem_kv, c->stream>>>(a);                                           \
+  } while (0)
+  NC_DISPATCH(k_attn_dkdv_simple, a.D, L_KV);
+  KC_LAUNCH_CHECK(n, "k_attn_dkdv_simple");
+  return 0;
+}

@@ -1,0 +1,354 @@
+/* backend_cuda.cu — the CUDA backend: memory, the exec-list runner and whole-step graphs.
+ *
+ * run(nodes, n, key) executes the list in order on one stream. Per key:
+ *   call 1   eager (warm-up: cuBLASLt heuristics are chosen and cached, scratch is sized)
+ *   call 2   the same launches recorded by stream capture, instantiated, then launched
+ *   call 3+  cudaGraphLaunch of that executable graph: one CPU call per step
+ * The plan promises the same pointers for the same key; a cheap signature of the list guards
+ * that promise (a changed list is run eagerly again and re-captured). KDA_NO_GRAPH=1 forces
+ * eager runs; KDA_CUDA_SYNC=1 synchronises after every eager node so that an asynchronous
+ * fault names its node.
+ *
+ * Scratch: one device buffer shared by every node (they run in order on one stream), sized to
+ * the largest need of any list seen. Growing it moves it, so every captured graph is dropped
+ * then and captured again; it only happens during the warm-up of a new list.              */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels.h"
+#include "kda_cuda_api.h"
+
+/* ---- global state ------------------------------------------------------------------------ */
+typedef struct graph_entry {
+  int key, calls;
+  uint64_t sig;
+  cudaGraphExec_t exec;
+} graph_entry;
+
+enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536 };
+
+static struct {
+  int state;                   /* 0 untried, 1 ready, -1 no device */
+  int no_graph, sync_each;
+  kc_ctx ctx;
+  graph_entry graphs[MAX_GRAPHS];
+  int ngraphs;
+  /* allocation book-keeping for the peak-memory figure */
+  void *ptr[MAX_ALLOCS];
+  int64_t bytes[MAX_ALLOCS];
+  int nalloc;
+  int64_t cur, peak;
+  char name[256];
+} G;
+
+static const char *op_name(int op) { return kda_op_name(op); }
+
+static void shape_str(const kda_tview *t, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "%s[", t->dtype == KDA_BF16 ? "bf16" : t->dtype == KDA_F32 ? "f32" : t->dtype == KDA_I32 ? "i32" : "?");
+  for (int i = 0; i < t->ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+int kc_fail(const kda_exec_node *n, const char *call, const char *why, const char *file,
+            int line) {
+  if (!n) return kda_set_error("cuda: %s failed (%s) at %s:%d", call, why, file, line);
+  char o[96], a[96] = "", b[96] = "";
+  shape_str(&n->out, o, sizeof o);
+  if (n->nin > 0) shape_str(&n->in[0], a, sizeof a);
+  if (n->nin > 1) shape_str(&n->in[1], b, sizeof b);
+  return kda_set_error("cuda: %s failed (%s) in op %s node %d: out %s in %s %s (%s:%d)", call,
+                       why, op_name(n->op), n->id, o, a, b, file, line);
+}
+
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) return kc_fail(NULL, #call, cudaGetErrorString(e_), __FILE__,   \
+                                          __LINE__);                                       \
+  } while (0)
+
+static void *dev_alloc(int64_t bytes, const char *what);
+
+/* ---- initialisation ---------------------------------------------------------------------- */
+static int init_once(void) {
+  if (G.state) return G.state > 0 ? 0 : -1;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    cudaGetLastError();        /* clear the sticky "no device" so nothing else reports it */
+    G.state = -1;
+    return -1;
+  }
+  const char *e = getenv("KDA_NO_GRAPH");
+  G.no_graph = e && *e && strcmp(e, "0") != 0;
+  e = getenv("KDA_CUDA_SYNC");
+  G.sync_each = e && *e && strcmp(e, "0") != 0;
+  cudaDeviceProp prop;
+  if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&G.ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    G.state = -1;
+    return -1;
+  }
+  snprintf(G.name, sizeof G.name, "%s", prop.name);
+  G.ctx.num_sms = prop.multiProcessorCount;
+  G.state = 1;   /* dev_alloc below tracks bytes; a failure turns the backend off again */
+  G.ctx.workspace = dev_alloc((int64_t)32 << 20, "the cuBLASLt workspace");
+  if (!G.ctx.workspace || kc_gemm_init(&G.ctx)) { G.state = -1; return -1; }
+  return 0;
+}
+
+/* ---- memory ------------------------------------------------------------------------------ */
+static void track(void *p, int64_t bytes) {
+  if (G.nalloc < MAX_ALLOCS) { G.ptr[G.nalloc] = p; G.bytes[G.nalloc] = bytes; G.nalloc++; }
+  G.cur += bytes;
+  if (G.cur > G.peak) G.peak = G.cur;
+}
+static void untrack(void *p) {
+  for (int i = G.nalloc - 1; i >= 0; i--)
+    if (G.ptr[i] == p) {
+      G.cur -= G.bytes[i];
+      G.ptr[i] = G.ptr[G.nalloc - 1];
+      G.bytes[i] = G.bytes[G.nalloc - 1];
+      G.nalloc--;
+      return;
+    }
+}
+
+static void *dev_alloc(int64_t bytes, const char *what) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, (size_t)(bytes > 0 ? bytes : 1));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    kda_set_error("cuda: cudaMalloc of %lld bytes for %s failed (%s; %.2f of %.2f GiB free): "
+                  "use a smaller batch or model, or activation recompute",
+                  (long long)bytes, what, cudaGetErrorString(e), fr / 1073741824.0,
+                  tot / 1073741824.0);
+    return NULL;
+  }
+  if (cudaMemset(p, 0, (size_t)(bytes > 0 ? bytes : 1)) != cudaSuccess) {
+    kda_set_error("cuda: cudaMemset of %lld bytes for %s failed", (long long)bytes, what);
+    cudaFree(p);
+    return NULL;
+  }
+  track(p, bytes);
+  return p;
+}
+
+static void *cu_alloc(int64_t bytes) {
+  if (init_once()) { kda_set_error("cuda: no CUDA device: use the CPU backend"); return NULL; }
+  return dev_alloc(bytes, "a plan buffer");
+}
+
+static void cu_free(void *p) {
+  if (!p || G.state <= 0) return;
+  cudaStreamSynchronize(G.ctx.stream);   /* a queued step may still read it */
+  untrack(p);
+  cudaFree(p);
+}
+
+static int cu_write(void *dst, const void *src, int64_t bytes) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyHostToDevice, G.ctx.stream));
+  CK(cudaStreamSynchronize(G.ctx.stream));   /* pageable source: keep it simple and safe */
+  return 0;
+}
+
+static int cu_read(void *dst, const void *src, int64_t bytes) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost, G.ctx.stream));
+  CK(cudaStreamSynchronize(G.ctx.stream));
+  return 0;
+}
+
+/* ---- one node ---------------------------------------------------------------------------- */
+static int64_t scratch_need(const kda_exec_node *n) {
+  switch (n->op) {
+  case KDA_OP_MATMUL: return kc_gemm_scratch(n);
+  case KDA_OP_RMSNORM_BWD: return kc_norm_scratch(n);
+  case KDA_OP_SUM: case KDA_OP_MEAN: case KDA_OP_SUM_ROWS: case KDA_OP_GRAD_NORM:
+    return kc_reduce_scratch(n);
+  case KDA_OP_ATTENTION: case KDA_OP_ATTENTION_BWD: return kc_attention_scratch(n);
+  default: return 0;
+  }
+}
+
+static int run_node(const kda_exec_node *n, kc_ctx *c) {
+  switch (n->op) {
+  case KDA_OP_MATMUL: return kc_matmul(n, c);
+  case KDA_OP_ADD: case KDA_OP_MUL: return kc_binary(n, c);
+  case KDA_OP_SCALE: case KDA_OP_SILU: case KDA_OP_SILU_BWD: case KDA_OP_GELU:
+  case KDA_OP_GELU_BWD: case KDA_OP_SIGMOID: case KDA_OP_SIGMOID_BWD: return kc_unary(n, c);
+  case KDA_OP_SUM_ROWS: return kc_sum_rows(n, c);
+  case KDA_OP_EMBED: return kc_embed(n, c);
+  case KDA_OP_EMBED_BWD: return kc_embed_bwd(n, c);
+  case KDA_OP_RMSNORM: return kc_rmsnorm(n, c);
+  case KDA_OP_RMSNORM_BWD: return kc_rmsnorm_bwd(n, c);
+  case KDA_OP_SWIGLU: return kc_swiglu(n, c);
+  case KDA_OP_SWIGLU_BWD: return kc_swiglu_bwd(n, c);
+  case KDA_OP_SOFTMAX: return kc_softmax(n, c);
+  case KDA_OP_SOFTMAX_BWD: return kc_softmax_bwd(n, c);
+  case KDA_OP_ROPE: return kc_rope(n, c);
+  case KDA_OP_ATTENTION: return kc_attention(n, c);
+  case KDA_OP_ATTENTION_BWD: return kc_attention_bwd(n, c);
+  case KDA_OP_CROSS_ENTROPY: return kc_cross_entropy(n, c);
+  case KDA_OP_CROSS_ENTROPY_BWD: return kc_cross_entropy_bwd(n, c);
+  case KDA_OP_SUM: case KDA_OP_MEAN: return kc_sum(n, c);
+  case KDA_OP_FILL: return kc_fill(n, c);
+  case KDA_OP_TRANSPOSE: return kc_transpose(n, c);
+  case KDA_OP_GRAD_NORM: return kc_grad_norm(n, c);
+  case KDA_OP_SCHEDULE: return kc_schedule(n, c);
+  case KDA_OP_ADAMW: return kc_adamw(n, c);
+  default:
+    return kda_set_error("cuda: op %s (node %d) cannot run on the CUDA backend: the plan "
+                         "should have resolved it", op_name(n->op), n->id);
+  }
+}
+
+static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+  for (int i = 0; i < n; i++) {
+    if (run_node(&nodes[i], &G.ctx)) return -1;
+    if (G.sync_each && !capturing) {
+      cudaError_t e = cudaStreamSynchronize(G.ctx.stream);
+      if (e != cudaSuccess)
+        return kc_fail(&nodes[i], "kernel (KDA_CUDA_SYNC)", cudaGetErrorString(e), __FILE__,
+                       __LINE__);
+    }
+  }
+  return 0;
+}
+
+/* ---- graphs ------------------------------------------------------------------------------ */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+static uint64_t list_sig(const kda_exec_node *nodes, int n) {
+  uint64_t h = 1469598103934665603ull;
+  h = fnv(h, &n, sizeof n);
+  for (int i = 0; i < n; i++) {
+    const kda_exec_node *x = &nodes[i];
+    h = fnv(h, &x->op, sizeof x->op);
+    h = fnv(h, &x->nin, sizeof x->nin);
+    h = fnv(h, &x->out, sizeof x->out);
+    h = fnv(h, x->iattr, sizeof x->iattr);
+    h = fnv(h, x->fattr, sizeof x->fattr);
+    for (int j = 0; j < x->nin; j++) h = fnv(h, &x->in[j], sizeof x->in[j]);
+  }
+  return h;
+}
+
+static void drop_graphs(void) {
+  for (int i = 0; i < G.ngraphs; i++) {
+    if (G.graphs[i].exec) cudaGraphExecDestroy(G.graphs[i].exec);
+    G.graphs[i].exec = NULL;
+    G.graphs[i].calls = 0;
+  }
+}
+
+static graph_entry *entry_for(int key) {
+  for (int i = 0; i < G.ngraphs; i++)
+    if (G.graphs[i].key == key) return &G.graphs[i];
+  if (G.ngraphs == MAX_GRAPHS) {   /* many keys: forget the oldest */
+    if (G.graphs[0].exec) cudaGraphExecDestroy(G.graphs[0].exec);
+    memmove(&G.graphs[0], &G.graphs[1], sizeof(graph_entry) * (MAX_GRAPHS - 1));
+    G.ngraphs--;
+  }
+  graph_entry *e = &G.graphs[G.ngraphs++];
+  memset(e, 0, sizeof *e);
+  e->key = key;
+  return e;
+}
+
+static int grow_scratch(int64_t need) {
+  if (need <= G.ctx.scratch_bytes) return 0;
+  CK(cudaStreamSynchronize(G.ctx.stream));
+  drop_graphs();               /* captured graphs point into the old buffer */
+  if (G.ctx.scratch) { untrack(G.ctx.scratch); cudaFree(G.ctx.scratch); }
+  G.ctx.scratch = NULL;
+  G.ctx.scratch_bytes = 0;
+  int64_t bytes = KC_ALIGN(need + need / 8);
+  void *p = dev_alloc(bytes, "kernel scratch");
+  if (!p) return -1;
+  G.ctx.scratch = p;
+  G.ctx.scratch_bytes = bytes;
+  return 0;
+}
+
+static int capture(graph_entry *e, const kda_exec_node *nodes, int n) {
+  cudaGraph_t graph = NULL;
+  CK(cudaStreamBeginCapture(G.ctx.stream, cudaStreamCaptureModeThreadLocal));
+  int rc = run_list(nodes, n, 1);
+  cudaError_t ee = cudaStreamEndCapture(G.ctx.stream, &graph);
+  if (rc) { if (graph) cudaGraphDestroy(graph); return -1; }
+  if (ee != cudaSuccess) return kc_fail(NULL, "cudaStreamEndCapture", cudaGetErrorString(ee), __FILE__, __LINE__);
+  cudaError_t ie = cudaGraphInstantiate(&e->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {
+    e->exec = NULL;
+    return kc_fail(NULL, "cudaGraphInstantiate", cudaGetErrorString(ie), __FILE__, __LINE__);
+  }
+  return 0;
+}
+
+static int cu_run(const kda_exec_node *nodes, int n, int key) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device: use the CPU backend");
+  int64_t need = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t s = scratch_need(&nodes[i]);
+    if (s > need) need = s;
+  }
+  if (grow_scratch(need)) return -1;
+  if (G.no_graph) return run_list(nodes, n, 0);
+  graph_entry *e = entry_for(key);
+  uint64_t sig = list_sig(nodes, n);
+  if (e->sig != sig) {         /* a different list under this key: warm up again */
+    if (e->exec) { CK(cudaStreamSynchronize(G.ctx.stream)); cudaGraphExecDestroy(e->exec); }
+    e->exec = NULL;
+    e->calls = 0;
+    e->sig = sig;
+  }
+  e->calls++;
+  if (!e->exec && e->calls == 1) return run_list(nodes, n, 0);   /* warm-up */
+  if (!e->exec && capture(e, nodes, n)) return -1;
+  CK(cudaGraphLaunch(e->exec, G.ctx.stream));
+  return 0;
+}
+
+static const kda_backend cuda_backend = {"cuda", cu_alloc, cu_free, cu_write, cu_read, cu_run};
+
+extern "C" const kda_backend *kda_cuda_backend(void) {
+  return init_once() ? NULL : &cuda_backend;
+}
+
+/* ---- small public helpers (kda_cuda_api.h) ---------------------------------------------- */
+extern "C" double kda_cuda_peak_mem_bytes(void) { return (double)G.peak; }
+extern "C" double kda_cuda_cur_mem_bytes(void) { return (double)G.cur; }
+extern "C" void kda_cuda_reset_peak_mem(void) { G.peak = G.cur; }
+
+extern "C" void *kda_cuda_stream(void) { return init_once() ? NULL : (void *)G.ctx.stream; }
+
+extern "C" int kda_cuda_synchronize(void) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaStreamSynchronize(G.ctx.stream));
+  return 0;
+}
+
+extern "C" const char *kda_cuda_device_name(void) {
+  return init_once() ? "" : G.name;
+}
+
+/* Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets (SXM parts). */
+extern "C" double kda_cuda_bf16_peak_flops(void) {
+  if (init_once()) return 0;
+  static const struct { const char *sub; double flops; } tab[] = {
+      {"H200", 989e12}, {"H100 PCIe", 756e12}, {"H100", 989e12}, {"H800", 989e12},
+      {"A100", 312e12}, {"L40S", 362e12},      {"4090", 165e12}, {"B200", 2250e12},
+  };
+  for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+    if (strstr(G.name, tab[i].sub)) return tab[i].flops;
+  return 0;
+}

@@ -1,0 +1,48 @@
+/* kda_cuda.h — CUDA KDA (Kimi Delta Attention) forward, backward and decode (kernels/kda_cuda.cu).
+ *
+ * Same kda_kda_args and layouts as the CPU reference (core/kda_ref.h), with device pointers:
+ *   q, k [B,T,H,K] bf16; v [B,T,HV,V] bf16; g (raw gate or log-decay) [B,T,HV,K] bf16;
+ *   beta (raw) [B,T,HV] bf16; o [B,T,HV,V] bf16; A_log [HV], dt_bias [HV*K] fp32;
+ *   h0 / ht / state / dh0 [N,HV,K,V] fp32; a->cu_seqlens is DEVICE memory (int32, nseq+1).
+ * Gradients of bf16 tensors are bf16; dA_log, ddt_bias, dh0 are fp32. Every call is async on
+ * `stream` (a cudaStream_t; NULL = legacy default), makes no allocation and no host sync, so
+ * it can be captured in a CUDA graph. Scratch comes from the caller: `workspace` of at least
+ * kda_kda_cuda_workspace_bytes(a, backward) bytes (256-byte aligned).
+ * Returns 0, or -1 with kda_last_error() naming the call, the op and the shapes.              */
+#ifndef KDA_CUDA_H
+#define KDA_CUDA_H
+#include <stdint.h>
+#include "kda_ref.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of scratch the forward (backward = 0) or backward (backward = 1) needs. */
+int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward);
+
+/* Chunked forward. h0, ht may be NULL; dt_bias may be NULL; A_log needed by gate_mode 1. */
+int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const void *k, const void *v,
+                         const void *g, const void *beta, const float *A_log,
+                         const float *dt_bias, const float *h0, void *o, float *ht,
+                         void *workspace, int64_t workspace_bytes, void *stream);
+
+/* Chunked backward of loss = sum(o*dout) + sum(ht*dht) (dht may be NULL). Recomputes the
+ * forward internals. dq, dk, dv, dg, dbeta (bf16) are overwritten; dA_log [HV], ddt_bias
+ * [HV*K], dh0 (fp32) are overwritten when non-NULL. */
+int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, const void *v,
+                          const void *g, const void *beta, const float *A_log,
+                          const float *dt_bias, const float *h0, const void *dout,
+                          const float *dht, void *dq, void *dk, void *dv, void *dg, void *dbeta,
+                          float *dA_log, float *ddt_bias, float *dh0, void *workspace,
+                          int64_t workspace_bytes, void *stream);
+
+/* Recurrent decode (§5): T tokens per sequence (T = 1 for a decode step) from state
+ * [N,HV,K,V] fp32, updated in place. Writes o. No workspace. */
+int kda_kda_cuda_decode(const kda_kda_args *a, const void *q, const void *k, const void *v,
+                        const void *g, const void *beta, const float *A_log,
+                        const float *dt_bias, float *state, void *o, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,36 @@
+/* kda_cuda_api.h — the few CUDA-only helpers the host and the Lua layer may call.
+ * Plain C, no macros inside declarations, so lua/kda/ffi.lua may cdef it as it stands
+ * (after stripping the preprocessor lines). Every function is safe to call without a GPU:
+ * it then returns 0 / -1 and sets kda_last_error().                                      */
+#ifndef KDA_CUDA_API_H
+#define KDA_CUDA_API_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most bytes of device memory kda held at once since the backend started (or since the last
+ * kda_cuda_reset_peak_mem): buffers from alloc, the scratch area, the cuBLASLt workspace. */
+double kda_cuda_peak_mem_bytes(void);
+double kda_cuda_cur_mem_bytes(void);
+void kda_cuda_reset_peak_mem(void);
+
+/* The one stream every kda kernel runs on (a cudaStream_t), for benchmarks' events. */
+void *kda_cuda_stream(void);
+
+/* Wait for every queued kernel; 0, or -1 with the asynchronous error named. */
+int kda_cuda_synchronize(void);
+
+/* GPU utilisation sampler: NVML (dlopen'ed libnvidia-ml.so.1) read every 100 ms by a
+ * background thread. start returns -1 if NVML is missing; stop writes the mean of the
+ * samples taken (percent of time a kernel ran) and the number of samples is returned. */
+int kda_cuda_util_start(void);
+int kda_cuda_util_stop(double *mean_pct);
+
+/* Name of device 0 and its dense bf16 peak in FLOP/s from a small table (0 if unknown). */
+const char *kda_cuda_device_name(void);
+double kda_cuda_bf16_peak_flops(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

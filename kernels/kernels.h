@@ -1,0 +1,152 @@
+/* kernels.h — internal to the kernels/ .cu files: check macros, dtype helpers, op launchers.
+ *
+ * Every op launcher has the same shape:  int kc_<op>(const kda_exec_node *n, kc_ctx *c)
+ * It returns 0, or -1 with kda_last_error() naming the failed call, the op and the shapes.
+ * Launchers never allocate: any temporary memory comes from c->scratch, sized beforehand by
+ * kc_scratch_bytes() so that the backend can grow it before a step is captured.          */
+#ifndef KDA_KERNELS_H
+#define KDA_KERNELS_H
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+extern "C" {
+#include "backend.h"
+#include "internal.h"
+}
+
+/* What every launcher may use. One stream; scratch is reused by every node of a list (nodes
+ * run in order on one stream, so no two nodes use it at once). */
+typedef struct kc_ctx {
+  cudaStream_t stream;
+  void *scratch;            /* c->scratch_bytes, 256-byte aligned */
+  int64_t scratch_bytes;
+  void *workspace;          /* cuBLASLt workspace, 32 MiB, allocated once at start */
+  int num_sms;
+} kc_ctx;
+
+/* Formats "cuda: <call> failed (<why>) in op <OP> node <id> out[<shape>] in0[..] (file:line)"
+ * into kda_last_error and returns -1. */
+int kc_fail(const kda_exec_node *n, const char *call, const char *why, const char *file,
+            int line);
+
+#define KC_CUDA(n, call)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) return kc_fail((n), #call, cudaGetErrorString(e_), __FILE__,    \
+                                          __LINE__);                                       \
+  } while (0)
+/* After a <<<>>> launch: catches bad launch configurations (faults surface later, at the
+ * next synchronising call, or at once under KDA_CUDA_SYNC=1). */
+#define KC_LAUNCH_CHECK(n, kname)                                                          \
+  do {                                                                                     \
+    cudaError_t e_ = cudaGetLastError();                                                   \
+    if (e_ != cudaSuccess) return kc_fail((n), "launch " kname, cudaGetErrorString(e_),    \
+                                          __FILE__, __LINE__);                             \
+  } while (0)
+
+/* ---- dtype helpers (device) ------------------------------------------------------------ */
+/* Runtime dtype: the branch is uniform across a warp, so it costs a few instructions on
+ * memory-bound kernels; hot kernels (norm, attention) are templated on the type instead. */
+__device__ __forceinline__ float kc_ld(const void *p, int dt, int64_t i) {
+  if (dt == KDA_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  return ((const float *)p)[i];
+}
+__device__ __forceinline__ void kc_st(void *p, int dt, int64_t i, float v) {
+  if (dt == KDA_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16(v);
+  else ((float *)p)[i] = v;
+}
+template <typename T> __device__ __forceinline__ float kc_to_f(T v);
+template <> __device__ __forceinline__ float kc_to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float kc_to_f<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T kc_from_f(float v);
+template <> __device__ __forceinline__ float kc_from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 kc_from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+
+/* Block-wide sum of one float per thread; every thread gets the total. Fixed order, so the
+ * result is reproducible. `sh` holds >= 32 floats. blockDim.x must be a multiple of 32. */
+__device__ __forceinline__ float kc_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float kc_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float kc_block_sum(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kc_warp_sum(v);
+  __syncthreads();                 /* sh may still be read from a previous call */
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : 0.f;
+  return kc_warp_sum(v);
+}
+__device__ __forceinline__ float kc_block_max(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kc_warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  v = lane < nw ? sh[lane] : -INFINITY;
+  return kc_warp_max(v);
+}
+
+static inline int64_t kc_numel(const kda_tview *t) { return kda_tview_numel(t); }
+static inline int64_t kc_lastdim(const kda_tview *t) { return t->shape[t->ndim - 1]; }
+static inline unsigned kc_blocks(int64_t n, int threads, int64_t cap) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b > cap) b = cap;
+  if (b < 1) b = 1;
+  return (unsigned)b;
+}
+static inline int64_t kc_dsize(int dt) {
+  return dt == KDA_BF16 ? 2 : dt == KDA_U8 ? 1 : dt == KDA_F64 ? 8 : 4;
+}
+#define KC_ALIGN(x) (((x) + 255) & ~(int64_t)255)
+
+/* ---- scratch sizes (backend_cuda.cu asks each file) ------------------------------------- */
+int64_t kc_gemm_scratch(const kda_exec_node *n);
+int64_t kc_norm_scratch(const kda_exec_node *n);
+int64_t kc_reduce_scratch(const kda_exec_node *n);
+int64_t kc_attention_scratch(const kda_exec_node *n);
+
+/* ---- op launchers ------------------------------------------------------------------------ */
+int kc_gemm_init(kc_ctx *c);              /* cuBLASLt handle + workspace, once */
+void kc_gemm_shutdown(void);
+int kc_matmul(const kda_exec_node *n, kc_ctx *c);
+
+int kc_binary(const kda_exec_node *n, kc_ctx *c);      /* ADD, MUL */
+int kc_unary(const kda_exec_node *n, kc_ctx *c);       /* SCALE, SILU, GELU, SIGMOID and bwds */
+int kc_swiglu(const kda_exec_node *n, kc_ctx *c);
+int kc_swiglu_bwd(const kda_exec_node *n, kc_ctx *c);
+int kc_softmax(const kda_exec_node *n, kc_ctx *c);
+int kc_softmax_bwd(const kda_exec_node *n, kc_ctx *c);
+int kc_rope(const kda_exec_node *n, kc_ctx *c);
+int kc_fill(const kda_exec_node *n, kc_ctx *c);
+int kc_transpose(const kda_exec_node *n, kc_ctx *c);
+int kc_embed(const kda_exec_node *n, kc_ctx *c);
+int kc_embed_bwd(const kda_exec_node *n, kc_ctx *c);
+
+/* out[j] = sum_i x[i,j] * (y ? y[i,j] : 1) * (rs ? rs[i] : 1), deterministic, two passes. */
+int64_t kc_colsum_scratch(int64_t rows, int64_t d);
+int kc_colsum(const kda_exec_node *n, kc_ctx *c, const void *x, int xdt, const void *y, int ydt,
+              const float *rs, int64_t rows, int64_t d, void *o, int odt, float *scratch);
+int kc_rmsnorm(const kda_exec_node *n, kc_ctx *c);
+int kc_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c);
+
+int kc_cross_entropy(const kda_exec_node *n, kc_ctx *c);
+int kc_cross_entropy_bwd(const kda_exec_node *n, kc_ctx *c);
+int kc_sum(const kda_exec_node *n, kc_ctx *c);         /* SUM, MEAN */
+int kc_sum_rows(const kda_exec_node *n, kc_ctx *c);
+int kc_grad_norm(const kda_exec_node *n, kc_ctx *c);
+
+int kc_schedule(const kda_exec_node *n, kc_ctx *c);
+int kc_adamw(const kda_exec_node *n, kc_ctx *c);
+
+int kc_attention(const kda_exec_node *n, kc_ctx *c);
+int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c);
+#endif

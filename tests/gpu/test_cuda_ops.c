@@ -1,0 +1,524 @@
+/* test_cuda_ops.c — every CUDA op against the CPU reference (kda_cpu_run_node), graph replay
+ * against eager runs bit for bit, and run-to-run determinism.
+ *
+ * For each case: random inputs (never zeros), rounded to bf16 first where the device view is
+ * bf16 so that both sides see identical values; the op runs on the CPU in f32 and on the GPU
+ * through kda_cuda_backend()->run; the metric is |out - ref| / |ref| (RMS ratio; NaN fails).
+ * Prints "ok - ..." / "FAIL - ..." and ends with "N passed, N failed". Without a GPU it prints
+ * a skip note and "0 passed, 0 failed" and exits 0.                                          */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend.h"
+#include "internal.h"
+#include "ops.h"
+
+static const kda_backend *be;
+static int npass, nfail, next_key = 1000;
+
+/* ---- host helpers ---------------------------------------------------------------------- */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {   /* xorshift64*, uniform in (0,1) */
+  rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+  return ((rng * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0) + 1e-12;
+}
+static float nrand(void) { return (float)(sqrt(-2.0 * log(urand())) * cos(6.283185307179586 * urand())); }
+
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+enum gen { G_NORMAL, G_POS, G_PROB, G_IDX, G_DATA };
+
+typedef struct tin {
+  int dtype, ndim;
+  int64_t shape[4];
+  int gen;
+  float scale;        /* G_NORMAL: std; G_IDX: number of distinct ids (vocab) */
+  const float *data;  /* G_DATA */
+} tin;
+
+static int64_t numel_of(int ndim, const int64_t *s) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= s[i];
+  return n;
+}
+
+static void fill_host(const tin *t, float *h, int32_t *hi) {
+  int64_t n = numel_of(t->ndim, t->shape);
+  for (int64_t i = 0; i < n; i++) {
+    float v = 0;
+    switch (t->gen) {
+    case G_NORMAL: v = nrand() * (t->scale ? t->scale : 1.0f); if (v == 0) v = 0.5f; break;
+    case G_POS: v = (float)(0.5 + urand()); break;
+    case G_PROB: v = (float)(0.05 + 0.9 * urand()); break;
+    case G_IDX: {
+      /* skewed: a quarter of the ids are id 3, the rest uniform (exercises hot rows) */
+      int64_t vv = (int64_t)t->scale;
+      hi[i] = urand() < 0.25 ? 3 % (int32_t)vv : (int32_t)(urand() * (double)vv) % (int32_t)vv;
+      continue;
+    }
+    case G_DATA: v = t->data[i]; break;
+    }
+    if (t->dtype == KDA_BF16) v = bf2f(f2bf(v));
+    h[i] = v;
+  }
+}
+
+/* Device buffer from host f32 (or i32) values, stored in dtype. */
+static void *to_device(const void *h, int dtype, int64_t n) {
+  int64_t es = dtype == KDA_BF16 ? 2 : 4;
+  void *d = be->alloc(n * es);
+  if (!d) { fprintf(stderr, "alloc: %s\n", kda_last_error()); exit(1); }
+  if (dtype == KDA_BF16) {
+    uint16_t *tmp = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) tmp[i] = f2bf(((const float *)h)[i]);
+    be->write(d, tmp, n * 2);
+    free(tmp);
+  } else {
+    be->write(d, h, n * es);
+  }
+  return d;
+}
+
+static float *from_device(const void *d, int dtype, int64_t n) {
+  float *h = malloc((size_t)n * 4);
+  if (dtype == KDA_BF16) {
+    uint16_t *tmp = malloc((size_t)n * 2);
+    if (be->read(tmp, d, n * 2)) fprintf(stderr, "read: %s\n", kda_last_error());
+    for (int64_t i = 0; i < n; i++) h[i] = bf2f(tmp[i]);
+    free(tmp);
+  } else if (be->read(h, d, n * 4)) {
+    fprintf(stderr, "read: %s\n", kda_last_error());
+  }
+  return h;
+}
+
+static double rms_ratio(const float *out, const float *ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(out[i])) return NAN;
+    double d = (double)out[i] - ref[i];
+    num += d * d;
+    den += (double)ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void verdict(int ok, const char *fmt, const char *name, double err, double tol) {
+  (void)fmt;
+  if (ok) npass++; else nfail++;
+  printf("%s - %s (rms ratio %.3g, tol %.1g)\n", ok ? "ok" : "FAIL", name, err, tol);
+  fflush(stdout);
+}
+
+/* ---- one op on both backends ------------------------------------------------------------- */
+typedef struct opcase {
+  const char *name;
+  int op, nin;
+  tin in[8];
+  int odt;              /* output storage dtype on the device */
+  int64_t ia[8];
+  float fa[8];
+  double tol;
+  int inplace;          /* out aliases in[0]; compare inputs listed in also[] too */
+  int also[4], nalso;
+  int reps;             /* 2: run twice on the GPU and demand identical bytes */
+} opcase;
+
+static void check(const opcase *c) {
+  kda_desc d[8], od;
+  for (int i = 0; i < c->nin; i++) {
+    d[i].dtype = c->in[i].gen == G_IDX ? KDA_I32 : KDA_F32;
+    d[i].ndim = c->in[i].ndim;
+    memcpy(d[i].shape, c->in[i].shape, sizeof d[i].shape);
+  }
+  if (kda_op_infer(c->op, c->nin, d, c->ia, c->fa, &od)) {
+    printf("FAIL - %s (shape inference: %s)\n", c->name, kda_last_error());
+    nfail++;
+    return;
+  }
+  kda_tview cin[8], gin[8];
+  float *hin[8];
+  void *din[8];
+  for (int i = 0; i < c->nin; i++) {
+    int64_t n = numel_of(c->in[i].ndim, c->in[i].shape);
+    hin[i] = malloc((size_t)n * 4);
+    fill_host(&c->in[i], hin[i], (int32_t *)hin[i]);
+    int ddt = c->in[i].gen == G_IDX ? KDA_I32 : c->in[i].dtype;
+    din[i] = to_device(hin[i], ddt, n);
+    cin[i] = (kda_tview){hin[i], d[i].dtype, d[i].ndim, {1, 1, 1, 1}};
+    memcpy(cin[i].shape, d[i].shape, sizeof cin[i].shape);
+    gin[i] = cin[i];
+    gin[i].data = din[i];
+    gin[i].dtype = ddt;
+  }
+  int64_t on = kda_desc_numel(&od);
+  float *cout = c->inplace ? hin[0] : calloc((size_t)on, 4);
+  kda_exec_node cn = {c->op, 0, c->nin, cin, {cout, KDA_F32, od.ndim, {1, 1, 1, 1}}, {0}, {0}};
+  memcpy(cn.out.shape, od.shape, sizeof cn.out.shape);
+  memcpy(cn.iattr, c->ia, sizeof cn.iattr);
+  memcpy(cn.fattr, c->fa, sizeof cn.fattr);
+  kda_exec_node gn = cn;
+  gn.in = gin;
+  gn.out.dtype = c->inplace ? gin[0].dtype : c->odt;
+  gn.out.data = c->inplace ? din[0] : be->alloc(on * (gn.out.dtype == KDA_BF16 ? 2 : 4));
+  if (kda_cpu_run_node(&cn)) {
+    printf("FAIL - %s (CPU: %s)\n", c->name, kda_last_error());
+    nfail++;
+    return;
+  }
+  if (be->run(&gn, 1, next_key++)) {
+    printf("FAIL - %s (CUDA: %s)\n", c->name, kda_last_error());
+    nfail++;
+    return;
+  }
+  float *gout = from_device(gn.out.data, gn.out.dtype, on);
+  double err = rms_ratio(gout, cout, on);
+  for (int k = 0; k < c->nalso; k++) {   /* in-place optimizer state */
+    int i = c->also[k];
+    int64_t n = numel_of(c->in[i].ndim, c->in[i].shape);
+    float *g2 = from_device(din[i], gin[i].dtype, n);
+    double e2 = rms_ratio(g2, hin[i], n);
+    if (!(e2 <= err) || isnan(e2)) err = e2;
+    free(g2);
+  }
+  verdict(!isnan(err) && err <= c->tol, "", c->name, err, c->tol);
+  if (c->reps > 1 && !c->inplace) {   /* determinism: a second run gives the same bytes */
+    int64_t bytes = on * (gn.out.dtype == KDA_BF16 ? 2 : 4);
+    char *b1 = malloc((size_t)bytes), *b2 = malloc((size_t)bytes);
+    be->read(b1, gn.out.data, bytes);
+    be->run(&gn, 1, next_key++);
+    be->read(b2, gn.out.data, bytes);
+    int same = !memcmp(b1, b2, (size_t)bytes);
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s: two runs give identical bytes", c->name);
+    verdict(same, "", nm, same ? 0 : 1, 0);
+    free(b1), free(b2);
+  }
+  free(gout);
+  for (int i = 0; i < c->nin; i++) { free(hin[i]); be->free(din[i]); }
+  if (!c->inplace) { free(cout); be->free(gn.out.data); }
+}
+
+#define T1(a) 1, {a}
+#define T2(a, b) 2, {a, b}
+#define T3(a, b, c) 3, {a, b, c}
+#define T4(a, b, c, d) 4, {a, b, c, d}
+#define SH(...) {__VA_ARGS__}
+
+static tin X(int dt, int nd, int64_t a, int64_t b, int64_t c, int64_t d) {
+  tin t = {dt, nd, {a, b, c, d}, G_NORMAL, 1.0f, NULL};
+  return t;
+}
+static tin GEN(tin t, int gen, float scale) { t.gen = gen; t.scale = scale; return t; }
+
+/* ---- the op table ------------------------------------------------------------------------- */
+static void elementwise_cases(int dt, double tol) {
+  const char *s = dt == KDA_BF16 ? "bf16" : "f32";
+  char nm[128];
+  int unops[] = {KDA_OP_SCALE, KDA_OP_SILU, KDA_OP_GELU, KDA_OP_SIGMOID, KDA_OP_SOFTMAX};
+  for (size_t i = 0; i < sizeof unops / sizeof unops[0]; i++) {
+    snprintf(nm, sizeof nm, "%s %s [67,300]", kda_op_name(unops[i]), s);
+    opcase c = {nm, unops[i], T1(X(dt, 2, 67, 300, 1, 1)), dt, {0}, {1.7f}, tol, 0, {0}, 0, 1};
+    check(&c);
+  }
+  int biops[] = {KDA_OP_SILU_BWD, KDA_OP_GELU_BWD, KDA_OP_SWIGLU, KDA_OP_SOFTMAX_BWD};
+  for (size_t i = 0; i < sizeof biops / sizeof biops[0]; i++) {
+    snprintf(nm, sizeof nm, "%s %s [2,67,96]", kda_op_name(biops[i]), s);
+    opcase c = {nm, biops[i], T2(X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+    check(&c);
+  }
+  snprintf(nm, sizeof nm, "sigmoid_bwd %s [67,96]", s);
+  opcase sb = {nm, KDA_OP_SIGMOID_BWD, T2(GEN(X(dt, 2, 67, 96, 1, 1), G_PROB, 0), X(dt, 2, 67, 96, 1, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&sb);
+  snprintf(nm, sizeof nm, "swiglu_bwd %s [2,67,96] packed", s);
+  opcase sw = {nm, KDA_OP_SWIGLU_BWD, T3(X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&sw);
+  for (int mul = 0; mul < 2; mul++) {
+    int op = mul ? KDA_OP_MUL : KDA_OP_ADD;
+    snprintf(nm, sizeof nm, "%s %s same shape", kda_op_name(op), s);
+    opcase a = {nm, op, T2(X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+    check(&a);
+    snprintf(nm, sizeof nm, "%s %s broadcast f32 [D]", kda_op_name(op), s);
+    opcase b = {nm, op, T2(X(dt, 3, 2, 67, 96, 1), X(KDA_F32, 1, 96, 1, 1, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+    check(&b);
+  }
+  snprintf(nm, sizeof nm, "rope %s [2,67,4,64]", s);
+  opcase r = {nm, KDA_OP_ROPE, T1(X(dt, 4, 2, 67, 4, 64)), dt, {0}, {10000.f}, tol, 0, {0}, 0, 1};
+  check(&r);
+  snprintf(nm, sizeof nm, "rope inverse %s [2,67,4,128] theta 500000", s);
+  opcase ri = {nm, KDA_OP_ROPE, T1(X(dt, 4, 2, 67, 4, 128)), dt, {1}, {500000.f}, tol, 0, {0}, 0, 1};
+  check(&ri);
+  snprintf(nm, sizeof nm, "transpose %s [2,67,4,16] dims 1,2", s);
+  opcase t = {nm, KDA_OP_TRANSPOSE, T1(X(dt, 4, 2, 67, 4, 16)), dt, {1, 2}, {0}, tol, 0, {0}, 0, 1};
+  check(&t);
+  snprintf(nm, sizeof nm, "transpose %s [30,50] dims 0,1", s);
+  opcase t2 = {nm, KDA_OP_TRANSPOSE, T1(X(dt, 2, 30, 50, 1, 1)), dt, {0, 1}, {0}, tol, 0, {0}, 0, 1};
+  check(&t2);
+}
+
+static void norm_loss_cases(int dt, double tol) {
+  const char *s = dt == KDA_BF16 ? "bf16" : "f32";
+  char nm[128];
+  snprintf(nm, sizeof nm, "rmsnorm %s x, f32 w [134,192]", s);
+  opcase a = {nm, KDA_OP_RMSNORM, T2(X(dt, 2, 134, 192, 1, 1), X(KDA_F32, 1, 192, 1, 1, 1)), dt, {0}, {1e-5f}, tol, 0, {0}, 0, 1};
+  check(&a);
+  snprintf(nm, sizeof nm, "rmsnorm_bwd %s packed dx,dw [2,67,192]", s);
+  opcase b = {nm, KDA_OP_RMSNORM_BWD, T3(X(dt, 3, 2, 67, 192, 1), X(KDA_F32, 1, 192, 1, 1, 1), X(dt, 3, 2, 67, 192, 1)), KDA_F32, {0}, {1e-5f}, tol, 0, {0}, 0, 2};
+  check(&b);
+  snprintf(nm, sizeof nm, "sum_rows %s [300,70] -> f32", s);
+  opcase c = {nm, KDA_OP_SUM_ROWS, T1(X(dt, 2, 300, 70, 1, 1)), KDA_F32, {0}, {0}, tol, 0, {0}, 0, 2};
+  check(&c);
+  snprintf(nm, sizeof nm, "cross_entropy %s logits [134,256]", s);
+  opcase x = {nm, KDA_OP_CROSS_ENTROPY, T2(GEN(X(dt, 2, 134, 256, 1, 1), G_NORMAL, 3.f), GEN(X(KDA_I32, 1, 134, 1, 1, 1), G_IDX, 256)), KDA_F32, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&x);
+  snprintf(nm, sizeof nm, "cross_entropy_bwd %s logits [134,256]", s);
+  opcase xb = {nm, KDA_OP_CROSS_ENTROPY_BWD, T3(GEN(X(dt, 2, 134, 256, 1, 1), G_NORMAL, 3.f), GEN(X(KDA_I32, 1, 134, 1, 1, 1), G_IDX, 256), X(KDA_F32, 1, 134, 1, 1, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&xb);
+  snprintf(nm, sizeof nm, "embed f32 table -> %s [2,67,96]", s);
+  opcase e = {nm, KDA_OP_EMBED, T2(X(KDA_F32, 2, 256, 96, 1, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 256)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&e);
+  snprintf(nm, sizeof nm, "embed_bwd %s dy [2,67,300] V=256 -> f32", s);
+  opcase eb = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 2, 67, 300, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 256)), KDA_F32, {256}, {0}, tol, 0, {0}, 0, 2};
+  check(&eb);
+  for (int mean = 0; mean < 2; mean++) {
+    int op = mean ? KDA_OP_MEAN : KDA_OP_SUM;
+    snprintf(nm, sizeof nm, "%s %s [3,70001]", kda_op_name(op), s);
+    opcase m = {nm, op, T1(GEN(X(dt, 2, 3, 70001, 1, 1), G_POS, 0)), KDA_F32, {0}, {0}, tol, 0, {0}, 0, 2};
+    check(&m);
+  }
+}
+
+static void matmul_cases(void) {
+  struct { int ta, tb; } tr[4] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};
+  char nm[160];
+  for (int i = 0; i < 4; i++) {
+    int ta = tr[i].ta, tb = tr[i].tb;
+    tin a = ta ? X(KDA_F32, 2, 96, 67, 1, 1) : X(KDA_F32, 2, 67, 96, 1, 1);
+    tin b = tb ? X(KDA_F32, 2, 80, 96, 1, 1) : X(KDA_F32, 2, 96, 80, 1, 1);
+    snprintf(nm, sizeof nm, "matmul f32 67x96x80 ta=%d tb=%d", ta, tb);
+    opcase c = {nm, KDA_OP_MATMUL, T2(a, b), KDA_F32, {ta, tb}, {0}, 2e-5, 0, {0}, 0, 1};
+    check(&c);
+    a.dtype = KDA_BF16, b.dtype = KDA_BF16;
+    snprintf(nm, sizeof nm, "matmul bf16 67x96x80 ta=%d tb=%d -> bf16", ta, tb);
+    opcase d = {nm, KDA_OP_MATMUL, T2(a, b), KDA_BF16, {ta, tb}, {0}, 1e-2, 0, {0}, 0, 1};
+    check(&d);
+    b.dtype = KDA_F32;
+    snprintf(nm, sizeof nm, "matmul bf16 x f32-weight ta=%d tb=%d -> bf16", ta, tb);
+    opcase e = {nm, KDA_OP_MATMUL, T2(a, b), KDA_BF16, {ta, tb}, {0}, 1e-2, 0, {0}, 0, 2};
+    check(&e);
+    b.dtype = KDA_BF16;
+    snprintf(nm, sizeof nm, "matmul bf16 ta=%d tb=%d -> f32 (param grad)", ta, tb);
+    opcase f = {nm, KDA_OP_MATMUL, T2(a, b), KDA_F32, {ta, tb}, {0}, 1e-2, 0, {0}, 0, 1};
+    check(&f);
+  }
+  opcase g = {"matmul bf16 batched [3,33,40]@[3,40,24]", KDA_OP_MATMUL, T2(X(KDA_BF16, 3, 3, 33, 40, 1), X(KDA_BF16, 3, 3, 40, 24, 1)), KDA_BF16, {0, 0}, {0}, 1e-2, 0, {0}, 0, 1};
+  check(&g);
+  opcase h = {"matmul bf16 batched tb [3,33,40]@[3,24,40]^T", KDA_OP_MATMUL, T2(X(KDA_BF16, 3, 3, 33, 40, 1), X(KDA_BF16, 3, 3, 24, 40, 1)), KDA_BF16, {0, 1}, {0}, 1e-2, 0, {0}, 0, 1};
+  check(&h);
+  opcase k = {"matmul bf16 [2,67,96] @ shared f32 W^T [80,96]", KDA_OP_MATMUL, T2(X(KDA_BF16, 3, 2, 67, 96, 1), X(KDA_F32, 2, 80, 96, 1, 1)), KDA_BF16, {0, 1}, {0}, 1e-2, 0, {0}, 0, 1};
+  check(&k);
+  opcase l = {"matmul f32 [2,96,67]^T @ shared [96,80] (ta, batched)", KDA_OP_MATMUL, T2(X(KDA_F32, 3, 2, 96, 67, 1), X(KDA_F32, 2, 96, 80, 1, 1)), KDA_F32, {1, 0}, {0}, 2e-5, 0, {0}, 0, 1};
+  check(&l);
+}
+
+static void attention_cases(void) {
+  int dhs[3] = {64, 128, 48};
+  char nm[160];
+  for (int di = 0; di < 3; di++)
+    for (int bf = 0; bf < 2; bf++) {
+      int dt = bf ? KDA_BF16 : KDA_F32, D = dhs[di];
+      double tol = bf ? 1e-2 : 1e-4;   /* f32: online vs two-pass softmax, long sums */
+      tin q = GEN(X(dt, 4, 2, 67, 4, D), G_NORMAL, 1.0f);
+      snprintf(nm, sizeof nm, "attention %s (2,67,4,%d)%s", bf ? "bf16" : "f32", D, bf && D != 48 ? " tensor-core" : "");
+      opcase a = {nm, KDA_OP_ATTENTION, T3(q, q, q), dt, {0}, {0}, tol, 0, {0}, 0, 2};
+      check(&a);
+      snprintf(nm, sizeof nm, "attention_bwd %s (2,67,4,%d) packed dq,dk,dv", bf ? "bf16" : "f32", D);
+      opcase b = {nm, KDA_OP_ATTENTION_BWD, T4(q, q, q, q), dt, {0}, {0}, tol, 0, {0}, 0, 2};
+      check(&b);
+    }
+  tin q = GEN(X(KDA_BF16, 4, 1, 200, 2, 128), G_NORMAL, 2.0f);
+  opcase c = {"attention bf16 (1,200,2,128) scale 0.2, 4 tiles", KDA_OP_ATTENTION, T3(q, q, q), KDA_BF16, {0}, {0.2f}, 1e-2, 0, {0}, 0, 1};
+  check(&c);
+  opcase d = {"attention_bwd bf16 (1,200,2,128) scale 0.2", KDA_OP_ATTENTION_BWD, T4(q, q, q, q), KDA_BF16, {0}, {0.2f}, 1e-2, 0, {0}, 0, 1};
+  check(&d);
+}
+
+static void optim_cases(void) {
+  float st1[4] = {3, 0, 0, 0}, st2[4] = {50, 0, 0, 0}, st3[4] = {95, 0, 0, 0};
+  tin s1 = {KDA_F32, 1, {4, 1, 1, 1}, G_DATA, 0, st1}, s2 = s1, s3 = s1;
+  s2.data = st2, s3.data = st3;
+  opcase a = {"schedule cosine in warmup (step 3)", KDA_OP_SCHEDULE, T1(s1), KDA_F32, {KDA_SCHED_COSINE, 10, 100}, {3e-3f, 0.1f, 0.2f}, 1e-6, 1, {0}, 0, 1};
+  check(&a);
+  opcase b = {"schedule cosine (step 50)", KDA_OP_SCHEDULE, T1(s2), KDA_F32, {KDA_SCHED_COSINE, 10, 100}, {3e-3f, 0.1f, 0.2f}, 1e-6, 1, {0}, 0, 1};
+  check(&b);
+  opcase c = {"schedule wsd (step 95)", KDA_OP_SCHEDULE, T1(s3), KDA_F32, {KDA_SCHED_WSD, 10, 100}, {3e-3f, 0.1f, 0.2f}, 1e-6, 1, {0}, 0, 1};
+  check(&c);
+  float gn_big[1] = {2.5f}, gn_small[1] = {0.5f}, gn_nan[1] = {NAN}, st[4] = {3, 1e-2f, 0, 0};
+  tin gn = {KDA_F32, 1, {1, 1, 1, 1}, G_DATA, 0, gn_big}, sti = {KDA_F32, 1, {4, 1, 1, 1}, G_DATA, 0, st};
+  tin p = X(KDA_F32, 2, 70, 33, 1, 1), v = GEN(p, G_POS, 0);
+  const float *gns[3] = {gn_big, gn_small, gn_nan};
+  const char *names[3] = {"adamw clipped (gnorm 2.5 > 1)", "adamw unclipped", "adamw NaN gnorm skips"};
+  for (int i = 0; i < 3; i++) {
+    gn.data = gns[i];
+    opcase d = {names[i], KDA_OP_ADAMW, 6, {p, p, p, v, gn, sti}, KDA_F32, {0}, {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}, 1e-5, 1, {2, 3}, 2, 1};
+    check(&d);
+  }
+  opcase g = {"grad_norm of 3 (f32 + bf16)", KDA_OP_GRAD_NORM, T3(X(KDA_F32, 2, 70, 33, 1, 1), X(KDA_BF16, 1, 5, 1, 1, 1), X(KDA_F32, 2, 300, 700, 1, 1)), KDA_F32, {0}, {0}, 1e-5, 0, {0}, 0, 2};
+  check(&g);
+  opcase many = {"grad_norm of 8 (one launch)", KDA_OP_GRAD_NORM, 8, {X(KDA_F32, 1, 7, 1, 1, 1), X(KDA_F32, 1, 700, 1, 1, 1), X(KDA_F32, 1, 7000, 1, 1, 1), X(KDA_F32, 1, 70000, 1, 1, 1), X(KDA_F32, 1, 3, 1, 1, 1), X(KDA_F32, 1, 1, 1, 1, 1), X(KDA_F32, 1, 100000, 1, 1, 1), X(KDA_F32, 1, 64, 1, 1, 1)}, KDA_F32, {0}, {0}, 1e-5, 0, {0}, 0, 2};
+  check(&many);
+  float one[1] = {0.75f};
+  tin sc = {KDA_F32, 1, {1, 1, 1, 1}, G_DATA, 0, one};
+  opcase f1 = {"fill from scalar * 2 -> bf16 [3,5,7]", KDA_OP_FILL, T1(sc), KDA_BF16, {3, 3, 5, 7}, {2.0f}, 1e-2, 0, {0}, 0, 1};
+  check(&f1);
+  opcase f0 = {"fill constant 1/4096 f32 [1000]", KDA_OP_FILL, 0, {{0}}, KDA_F32, {1, 1000}, {1.0f / 4096}, 1e-7, 0, {0}, 0, 1};
+  check(&f0);
+}
+
+/* ---- graph replay == eager, bit for bit -------------------------------------------------
+ * A small training-step-shaped list: rmsnorm, a GEMM with an f32 weight, cross-entropy, mean,
+ * its backward, a weight-gradient GEMM, grad norm, schedule, AdamW in place, attention fwd and
+ * bwd. Call 1 runs eagerly, call 2 captures and launches, calls 3-4 replay. Before each call the
+ * persistent state is written back to its start values; after it every buffer is read. */
+typedef struct gbuf { void *d; int dt, nd; int64_t sh[4]; int64_t n; float *init; } gbuf;
+
+static gbuf mk(int dt, int nd, int64_t a, int64_t b, int64_t c, int64_t d, int gen) {
+  gbuf g = {NULL, dt, nd, {a, b, c, d}, 0, NULL};
+  g.n = numel_of(nd, g.sh);
+  g.init = malloc((size_t)g.n * 4);
+  tin t = {dt == KDA_I32 ? KDA_F32 : dt, nd, {a, b, c, d}, gen, gen == G_IDX ? 256.f : 1.f, NULL};
+  if (gen >= 0) fill_host(&t, g.init, (int32_t *)g.init);
+  else memset(g.init, 0, (size_t)g.n * 4);
+  g.d = to_device(g.init, dt, g.n);
+  return g;
+}
+static kda_tview tv(const gbuf *g) {
+  kda_tview t = {g->d, g->dt, g->nd, {1, 1, 1, 1}};
+  memcpy(t.shape, g->sh, sizeof t.shape);
+  return t;
+}
+static kda_tview reshape(kda_tview t, int nd, int64_t a, int64_t b) {
+  t.ndim = nd, t.shape[0] = a, t.shape[1] = b, t.shape[2] = t.shape[3] = 1;
+  return t;
+}
+
+static void graph_checks(void) {
+  enum { NB = 17 };
+  gbuf b[NB];
+  b[0] = mk(KDA_BF16, 3, 2, 67, 96, 1, G_NORMAL);        /* x */
+  b[1] = mk(KDA_F32, 1, 96, 1, 1, 1, G_POS);             /* norm weight */
+  b[2] = mk(KDA_F32, 2, 256, 96, 1, 1, G_NORMAL);        /* W (persistent) */
+  b[3] = mk(KDA_I32, 1, 134, 1, 1, 1, G_IDX);            /* targets */
+  b[4] = mk(KDA_BF16, 3, 2, 67, 96, 1, -1);              /* h */
+  b[5] = mk(KDA_BF16, 3, 2, 67, 256, 1, -1);             /* logits */
+  b[6] = mk(KDA_F32, 1, 134, 1, 1, 1, -1);               /* loss rows */
+  b[7] = mk(KDA_F32, 1, 1, 1, 1, 1, -1);                 /* mean loss */
+  b[8] = mk(KDA_F32, 1, 134, 1, 1, 1, -1);               /* dloss */
+  b[9] = mk(KDA_BF16, 2, 134, 256, 1, 1, -1);            /* dlogits */
+  b[10] = mk(KDA_F32, 2, 256, 96, 1, 1, -1);             /* dW */
+  b[11] = mk(KDA_F32, 1, 1, 1, 1, 1, -1);                /* gnorm */
+  b[12] = mk(KDA_F32, 1, 4, 1, 1, 1, -1);                /* state (persistent) */
+  b[13] = mk(KDA_F32, 2, 256, 96, 1, 1, -1);             /* m (persistent) */
+  b[14] = mk(KDA_F32, 2, 256, 96, 1, 1, -1);             /* v (persistent) */
+  b[15] = mk(KDA_BF16, 4, 2, 67, 2, 64, G_NORMAL);       /* qkv */
+  b[16] = mk(KDA_BF16, 4, 3 * 2, 67, 2, 64, -1);         /* attention out (fwd, then bwd packed) */
+  kda_tview in[16][6];
+  kda_exec_node nd[12];
+  memset(nd, 0, sizeof nd);
+  memset(in, 0, sizeof in);
+  int k = 0;
+#define NODE(OP, NIN, OUT)                                                                 \
+  nd[k].op = OP, nd[k].id = k, nd[k].nin = NIN, nd[k].in = in[k], nd[k].out = OUT, k++
+  in[k][0] = tv(&b[0]), in[k][1] = tv(&b[1]);
+  nd[k].fattr[0] = 1e-5f;
+  NODE(KDA_OP_RMSNORM, 2, tv(&b[4]));
+  in[k][0] = tv(&b[4]), in[k][1] = tv(&b[2]);
+  nd[k].iattr[1] = 1;
+  NODE(KDA_OP_MATMUL, 2, tv(&b[5]));
+  in[k][0] = reshape(tv(&b[5]), 2, 134, 256), in[k][1] = tv(&b[3]);
+  NODE(KDA_OP_CROSS_ENTROPY, 2, tv(&b[6]));
+  in[k][0] = tv(&b[6]);
+  NODE(KDA_OP_MEAN, 1, tv(&b[7]));
+  nd[k].iattr[0] = 1, nd[k].iattr[1] = 134, nd[k].fattr[0] = 1.0f / 134;
+  NODE(KDA_OP_FILL, 0, tv(&b[8]));
+  in[k][0] = reshape(tv(&b[5]), 2, 134, 256), in[k][1] = tv(&b[3]), in[k][2] = tv(&b[8]);
+  NODE(KDA_OP_CROSS_ENTROPY_BWD, 3, tv(&b[9]));
+  in[k][0] = tv(&b[9]), in[k][1] = reshape(tv(&b[4]), 2, 134, 96);
+  nd[k].iattr[0] = 1;
+  NODE(KDA_OP_MATMUL, 2, tv(&b[10]));
+  in[k][0] = tv(&b[10]);
+  NODE(KDA_OP_GRAD_NORM, 1, tv(&b[11]));
+  in[k][0] = tv(&b[12]);
+  nd[k].iattr[0] = KDA_SCHED_COSINE, nd[k].iattr[1] = 2, nd[k].iattr[2] = 10;
+  nd[k].fattr[0] = 1e-2f, nd[k].fattr[1] = 0.1f;
+  NODE(KDA_OP_SCHEDULE, 1, tv(&b[12]));
+  in[k][0] = tv(&b[2]), in[k][1] = tv(&b[10]), in[k][2] = tv(&b[13]), in[k][3] = tv(&b[14]);
+  in[k][4] = tv(&b[11]), in[k][5] = tv(&b[12]);
+  nd[k].fattr[0] = 0.9f, nd[k].fattr[1] = 0.95f, nd[k].fattr[2] = 1e-8f, nd[k].fattr[3] = 0.1f, nd[k].fattr[4] = 1.0f;
+  NODE(KDA_OP_ADAMW, 6, tv(&b[2]));
+  kda_tview att = tv(&b[16]);
+  att.shape[0] = 2;
+  in[k][0] = in[k][1] = in[k][2] = tv(&b[15]);
+  NODE(KDA_OP_ATTENTION, 3, att);
+  in[k][0] = in[k][1] = in[k][2] = in[k][3] = tv(&b[15]);
+  kda_tview pk = tv(&b[16]);
+  pk.ndim = 1, pk.shape[0] = b[16].n;
+  NODE(KDA_OP_ATTENTION_BWD, 4, pk);
+  int64_t total = 0;
+  for (int i = 0; i < NB; i++) total += b[i].n * (b[i].dt == KDA_BF16 ? 2 : 4);
+  char *blob[4];
+  int key = 777;
+  for (int call = 0; call < 4; call++) {
+    int persist[4] = {2, 12, 13, 14};
+    for (int i = 0; i < 4; i++)   /* reset the persistent (all f32) state in place */
+      be->write(b[persist[i]].d, b[persist[i]].init, b[persist[i]].n * 4);
+    if (be->run(nd, k, key)) { printf("FAIL - graph list call %d: %s\n", call, kda_last_error()); nfail++; return; }
+    blob[call] = malloc((size_t)total);
+    int64_t off = 0;
+    for (int i = 0; i < NB; i++) {
+      int64_t bytes = b[i].n * (b[i].dt == KDA_BF16 ? 2 : 4);
+      be->read(blob[call] + off, b[i].d, bytes);
+      off += bytes;
+    }
+  }
+  const char *what[3] = {"capture+launch (call 2) == eager (call 1)", "replay (call 3) == eager", "replay (call 4) == eager"};
+  for (int c = 1; c < 4; c++) {
+    int same = !memcmp(blob[0], blob[c], (size_t)total);
+    char nm[160];
+    snprintf(nm, sizeof nm, "graph %s, bit for bit over %lld bytes", what[c - 1], (long long)total);
+    verdict(same, "", nm, same ? 0 : 1, 0);
+  }
+  for (int c = 0; c < 4; c++) free(blob[c]);
+  for (int i = 0; i < NB; i++) { be->free(b[i].d); free(b[i].init); }
+}
+
+int main(void) {
+  be = kda_cuda_backend();
+  if (!be) {
+    printf("# skip: no CUDA device (kda_cuda_backend() returned NULL)\n0 passed, 0 failed\n");
+    return 0;
+  }
+  elementwise_cases(KDA_F32, 2e-5);
+  elementwise_cases(KDA_BF16, 1e-2);
+  norm_loss_cases(KDA_F32, 2e-5);
+  norm_loss_cases(KDA_BF16, 1e-2);
+  matmul_cases();
+  attention_cases();
+  optim_cases();
+  graph_checks();
+  printf("%d passed, %d failed\n", npass, nfail);
+  return nfail ? 1 : 0;
+}
