@@ -89,7 +89,7 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = F.linear(self.norm(x), self.emb.weight)
-        return F.cross_entropy(logits.float().view(-1, 256), tgt.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, 256), tgt.reshape(-1))
 
 
 def main():
