@@ -157,6 +157,27 @@ static int grad_rule(kda_graph *g, int32_t yid, int32_t dy, const char *need) {
       if (need[i] && accumulate(g, y.in[i], view_like(g, p, i * numel, y.in[i]))) return -1;
     return 0;
   }
+  case KDA_OP_KDA: { /* one KDA_BWD writes dq, dk, dv, dg, dbeta, dA_log, ddt_bias back to back */
+    int32_t in[8];
+    for (int i = 0; i < 7; i++) in[i] = y.in[i];
+    in[7] = dy;
+    int32_t p = emit(g, KDA_OP_KDA_BWD, 8, in, y.iattr, y.fattr);
+    if (p < 0) return -1;
+    int64_t off = 0;
+    for (int i = 0; i < 7; i++) {
+      if (need[i] && accumulate(g, y.in[i], view_like(g, p, off, y.in[i]))) return -1;
+      off += kda_desc_numel(&g->nodes[y.in[i]].d);
+    }
+    return 0;
+  }
+  case KDA_OP_CONV1D: {
+    int32_t in[3] = {x, y.in[1], dy};
+    int32_t p = emit(g, KDA_OP_CONV1D_BWD, 3, in, y.iattr, NULL);
+    if (p < 0) return -1;
+    if (need[0] && accumulate(g, x, view_like(g, p, 0, x))) return -1;
+    if (need[1] && accumulate(g, y.in[1], view_like(g, p, kda_desc_numel(&g->nodes[x].d), y.in[1]))) return -1;
+    return 0;
+  }
   case KDA_OP_CROSS_ENTROPY: {
     int32_t in[3] = {x, y.in[1], dy};
     return accumulate(g, x, emit(g, KDA_OP_CROSS_ENTROPY_BWD, 3, in, NULL, NULL));

@@ -486,6 +486,8 @@ int kda_cpu_run_node(const kda_exec_node *n) {
   case KDA_OP_GRAD_NORM: cpu_grad_norm(n); break;
   case KDA_OP_SCHEDULE: cpu_schedule(n); break;
   case KDA_OP_ADAMW: cpu_adamw(n); break;
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD:
+    return kda_cpu_kda_node(n);
   case KDA_OP_VIEW: break; /* resolved by the plan: an alias, nothing to compute */
   default: return kda_set_error("%s: no CPU implementation", kda_op_name(n->op));
   }

@@ -83,6 +83,18 @@ enum kda_op {
   KDA_OP_SCHEDULE,        /* (state [4]) -> in place: state = {step, lr, loss_scale, spare};
                              step += 1, lr from the schedule in fattr/iattr (kda_adamw_config) */
   KDA_OP_ADAMW,           /* (param, grad, m, v, gnorm [1], state [4]) -> in place update    */
+  KDA_OP_KDA,             /* Kimi Delta Attention (core/kda_ref.h): (q [B,T,H,K], k [B,T,H,K],
+                             v [B,T,HV,V], g_raw [B,T,HV,K], beta_raw [B,T,HV], A_log [HV],
+                             dt_bias [HV*K]) -> o [B,T,HV,V]. iattr0 = gate_mode (enum
+                             kda_gate_mode), iattr1 = qk_l2norm, iattr2 = beta_mode (enum
+                             kda_beta_mode), iattr3 = chunk (0 means 64); fattr0 = scale (0
+                             means 1/sqrt(K)), fattr1 = lower_bound. The usual layer passes
+                             {1, 1, 1, 64} (softplus gate, l2norm, sigmoid beta): lua Node:kda */
+  KDA_OP_KDA_BWD,         /* (the 7 KDA inputs, dout) -> packed [numel] = dq, dk, dv, dg, dbeta,
+                             dA_log, ddt_bias; attributes as KDA                             */
+  KDA_OP_CONV1D,          /* (x [B,T,C], w [C,W]) -> y [B,T,C], depthwise causal conv:
+                             y[t,c] = sum_j w[c,j] x[t-W+1+j,c]; iattr0 = 1 fuses SiLU       */
+  KDA_OP_CONV1D_BWD,      /* (x, w, dy) -> packed [B*T*C + C*W] = dx then dw; iattr0 as CONV1D */
   KDA_OP_COUNT
 };
 const char *kda_op_name(int op);

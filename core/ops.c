@@ -25,6 +25,8 @@ static const char *op_names[KDA_OP_COUNT] = {
     [KDA_OP_TRANSPOSE] = "transpose",  [KDA_OP_SIGMOID] = "sigmoid",
     [KDA_OP_SIGMOID_BWD] = "sigmoid_bwd", [KDA_OP_GRAD_NORM] = "grad_norm",
     [KDA_OP_SCHEDULE] = "schedule",    [KDA_OP_ADAMW] = "adamw",
+    [KDA_OP_KDA] = "kda",              [KDA_OP_KDA_BWD] = "kda_bwd",
+    [KDA_OP_CONV1D] = "conv1d",        [KDA_OP_CONV1D_BWD] = "conv1d_bwd",
 };
 
 const char *kda_op_name(int op) {
@@ -139,6 +141,58 @@ static int infer_attention(int op, int nin, const kda_desc *in, kda_desc *out) {
   return 0;
 }
 
+/* KDA: q, k [B,T,H,K], v [B,T,HV,V], g [B,T,HV,K], beta [B,T,HV], A_log [HV], dt_bias [HV*K]
+ * (+ dout [B,T,HV,V] for the backward). Names every shape in the error (7-8 inputs). */
+static int bad_kda(int op, const kda_desc *in, int nin, const char *why) {
+  char s[8][64];
+  const char *n[8] = {"", "", "", "", "", "", "", ""};
+  for (int i = 0; i < nin && i < 8; i++) n[i] = kda_desc_str(&in[i], s[i], sizeof s[i]);
+  return kda_set_error("%s: q %s k %s v %s g %s beta %s A_log %s dt_bias %s%s%s: %s", kda_op_name(op),
+                       n[0], n[1], n[2], n[3], n[4], n[5], n[6], nin > 7 ? " dout " : "", n[7], why);
+}
+
+static int infer_kda(int op, int nin, const kda_desc *in, const int64_t *ia, const float *fa, kda_desc *out) {
+  const kda_desc *q = &in[0], *k = &in[1], *v = &in[2], *g = &in[3], *b = &in[4];
+  for (int i = 0; i < nin; i++)
+    if (want_float(op, &in[i], "every input")) return -1;
+  if (q->ndim != 4 || v->ndim != 4) return bad_kda(op, in, nin, "q must be [B,T,H,K] and v [B,T,HV,V]");
+  int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3], HV = v->shape[2];
+  if (!same_shape(q, k)) return bad_kda(op, in, nin, "k must have q's shape [B,T,H,K]");
+  if (v->shape[0] != B || v->shape[1] != T) return bad_kda(op, in, nin, "v must share q's B and T");
+  if (HV % H) return bad_kda(op, in, nin, "value heads HV must be a multiple of q/k heads H");
+  if (g->ndim != 4 || g->shape[0] != B || g->shape[1] != T || g->shape[2] != HV || g->shape[3] != K)
+    return bad_kda(op, in, nin, "g must be [B,T,HV,K]");
+  if (b->ndim != 3 || b->shape[0] != B || b->shape[1] != T || b->shape[2] != HV)
+    return bad_kda(op, in, nin, "beta must be [B,T,HV]");
+  if (in[5].ndim != 1 || in[5].shape[0] != HV) return bad_kda(op, in, nin, "A_log must be [HV]");
+  if (in[6].ndim != 1 || in[6].shape[0] != HV * K) return bad_kda(op, in, nin, "dt_bias must be [HV*K]");
+  if (ia[0] < 0 || ia[0] > 2) return bad_kda(op, in, nin, "iattr0 gate_mode must be 0 (log), 1 (softplus) or 2 (lower bound)");
+  if (ia[2] < 0 || ia[2] > 2) return bad_kda(op, in, nin, "iattr2 beta_mode must be 0 (raw), 1 (sigmoid) or 2 (2*sigmoid)");
+  if (ia[3] < 0 || ia[3] > 128) return bad_kda(op, in, nin, "iattr3 chunk must be 0 (64) or 1..128");
+  if (ia[0] == 2 && !(fa && fa[1] < 0)) return bad_kda(op, in, nin, "the lower-bound gate (gate_mode 2) needs fattr1 lower_bound < 0");
+  *out = *v;
+  if (op == KDA_OP_KDA_BWD) {
+    if (!same_shape(&in[7], v)) return bad_kda(op, in, nin, "dout must have v's shape [B,T,HV,V]");
+    out->ndim = 1;
+    out->shape[0] = 2 * kda_desc_numel(q) + kda_desc_numel(v) + kda_desc_numel(g) + kda_desc_numel(b) + HV + HV * K;
+    out->shape[1] = out->shape[2] = out->shape[3] = 1;
+  }
+  return 0;
+}
+
+static int infer_conv1d(int op, int nin, const kda_desc *in, kda_desc *out) {
+  const kda_desc *x = &in[0], *w = &in[1];
+  if (want_float(op, x, "x") || want_float(op, w, "w")) return -1;
+  if (x->ndim != 3 || w->ndim != 2 || w->shape[0] != x->shape[2])
+    return bad(op, in, nin, "want x [B,T,C] and w [C,W]");
+  *out = *x;
+  if (op == KDA_OP_CONV1D_BWD) {
+    if (!same_shape(&in[2], x)) return bad(op, in, nin, "dy must have x's shape [B,T,C]");
+    *out = (kda_desc){x->dtype, 1, {kda_desc_numel(x) + kda_desc_numel(w), 1, 1, 1}};
+  }
+  return 0;
+}
+
 int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const float *fa,
                  kda_desc *out) {
   (void)fa;
@@ -246,6 +300,18 @@ int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const f
     if (want_inputs(op, nin, 1)) return -1;
     *out = in[0];
     return 0;
+  case KDA_OP_KDA:
+    if (want_inputs(op, nin, 7)) return -1;
+    return infer_kda(op, nin, in, ia, fa, out);
+  case KDA_OP_KDA_BWD:
+    if (want_inputs(op, nin, 8)) return -1;
+    return infer_kda(op, nin, in, ia, fa, out);
+  case KDA_OP_CONV1D:
+    if (want_inputs(op, nin, 2)) return -1;
+    return infer_conv1d(op, nin, in, out);
+  case KDA_OP_CONV1D_BWD:
+    if (want_inputs(op, nin, 3)) return -1;
+    return infer_conv1d(op, nin, in, out);
   case KDA_OP_ADAMW:
     if (want_inputs(op, nin, 6)) return -1;
     if (!same_shape(&in[0], &in[1]) || !same_shape(&in[0], &in[2]) || !same_shape(&in[0], &in[3]))

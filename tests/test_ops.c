@@ -6,6 +6,7 @@
 #include <string.h>
 #include "../core/internal.h"
 #include "../core/kda.h"
+#include "../core/kda_ref.h"
 
 static int passed, failed;
 
@@ -173,7 +174,7 @@ static int32_t weighted_sum(kda_graph *g, int32_t y) {
 
 static void gradcheck(const char *name, int np, const int64_t (*shapes)[5], build_fn build, double tol) {
   kda_graph *g = kda_graph_new();
-  int32_t p[4];
+  int32_t p[8];
   char pname[16];
   for (int i = 0; i < np; i++) {
     snprintf(pname, sizeof pname, "p%d", i);
@@ -193,7 +194,7 @@ static void gradcheck(const char *name, int np, const int64_t (*shapes)[5], buil
   kda_plan_write(pl, r, rv, rn * 4);
   kda_plan_run(pl, KDA_RUN_STEP);
   double worst = 0;
-  float *grads[4];
+  float *grads[8];
   for (int i = 0; i < np; i++) { /* read every gradient before forward runs reuse the arena */
     int64_t n = 1;
     for (int d = 0; d < shapes[i][0]; d++) n *= shapes[i][1 + d];
@@ -266,6 +267,62 @@ static int32_t b_cross_entropy(kda_graph *g, int32_t *p, int np) {
   int32_t t = kda_graph_input(g, "targets", KDA_I32, 1, s);
   return op2(g, KDA_OP_CROSS_ENTROPY, p[0], t, NULL, NULL);
 }
+/* KDA: 7 params q, k, v, g_raw, beta_raw, A_log, dt_bias; chunk 4 so T = 7 crosses a chunk. */
+static int64_t kda_ia[8];
+static float kda_fa[8];
+static int32_t b_kda(kda_graph *g, int32_t *p, int np) { (void)np; return kda_graph_op(g, KDA_OP_KDA, 7, p, kda_ia, kda_fa); }
+static int32_t b_conv(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {0}; return op2(g, KDA_OP_CONV1D, p[0], p[1], ia, NULL); }
+static int32_t b_conv_silu(kda_graph *g, int32_t *p, int np) { (void)np; int64_t ia[8] = {1}; return op2(g, KDA_OP_CONV1D, p[0], p[1], ia, NULL); }
+
+/* KDA op forward (through kda_tensor_op, fp32 chunked) vs the fp64 token recurrence. */
+static void fwd_kda(int64_t chunk_attr, const char *name) {
+  enum { B = 2, T = 70, H = 2, HV = 4, K = 8, V = 4 };
+  int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
+  int64_t sa[1] = {HV}, sd[1] = {HV * K};
+  kda_tensor *in[7] = {randt(4, sq, 21), randt(4, sq, 22), randt(4, sv, 23), randt(4, sg, 24),
+                       randt(3, sb, 25), randt(1, sa, 26), randt(1, sd, 27)};
+  kda_tensor *dd[7];
+  double *dp[7];
+  for (int i = 0; i < 7; i++) {
+    dd[i] = kda_tensor_cast(in[i], KDA_F64);
+    dp[i] = kda_tensor_data(dd[i]);
+  }
+  kda_kda_args a = {B, T, H, HV, K, V, 0.0f, KDA_GATE_SOFTPLUS, 0.0f, 1, KDA_BETA_SIGMOID, 64, NULL, 0};
+  static double o64[B * T * HV * V];
+  static float want[B * T * HV * V];
+  if (kda_kdaref_recurrent64(&a, dp[0], dp[1], dp[2], dp[3], dp[4], dp[5], dp[6], NULL, o64, NULL)) {
+    report(0, name, kda_last_error());
+  } else {
+    for (int i = 0; i < B * T * HV * V; i++) want[i] = (float)o64[i];
+    int64_t ia[8] = {1, 1, 1, chunk_attr};
+    expect_close(name, kda_tensor_op(KDA_OP_KDA, 7, in, ia, NULL), want, 1e-4);
+  }
+  for (int i = 0; i < 7; i++) kda_tensor_free(in[i]), kda_tensor_free(dd[i]);
+}
+
+static void fwd_conv(void) {
+  enum { B = 2, T = 6, C = 3, W = 4 };
+  int64_t sx[3] = {B, T, C}, sw[2] = {C, W};
+  kda_tensor *x = randt(3, sx, 31), *w = randt(2, sw, 32);
+  float want[B * T * C], want_silu[B * T * C];
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int c = 0; c < C; c++) {
+        double y = 0;
+        for (int j = 0; j < W; j++) {
+          int tt = t - W + 1 + j;
+          if (tt >= 0) y += D(w)[c * W + j] * D(x)[(b * T + tt) * C + c];
+        }
+        want[(b * T + t) * C + c] = (float)y;
+        want_silu[(b * T + t) * C + c] = (float)(y / (1 + exp(-y)));
+      }
+  kda_tensor *xw[2] = {x, w};
+  int64_t ia0[8] = {0}, ia1[8] = {1};
+  expect_close("conv1d forward (depthwise causal)", kda_tensor_op(KDA_OP_CONV1D, 2, xw, ia0, NULL), want, 1e-6);
+  expect_close("conv1d forward, fused silu", kda_tensor_op(KDA_OP_CONV1D, 2, xw, ia1, NULL), want_silu, 1e-6);
+  kda_tensor_free(x), kda_tensor_free(w);
+}
+
 /* a parameter used twice: gradients must add up */
 static int32_t b_reuse(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, op1(g, KDA_OP_SILU, p[0], NULL, NULL), p[0], NULL, NULL); }
 
@@ -274,6 +331,9 @@ int main(void) {
   fwd_rows();
   fwd_attention_rope();
   fwd_loss_embed();
+  fwd_conv();
+  fwd_kda(16, "kda forward (chunk 16) vs fp64 recurrence");
+  fwd_kda(0, "kda forward (default chunk 64, T=70) vs fp64 recurrence");
 
   static const int64_t mm[2][5] = {{2, 3, 4}, {2, 4, 5}}, mmt[2][5] = {{2, 3, 4}, {2, 5, 4}};
   static const int64_t mma[2][5] = {{2, 4, 3}, {2, 4, 5}}, mmb[2][5] = {{3, 2, 3, 4}, {2, 4, 5}};
@@ -304,6 +364,16 @@ int main(void) {
   gradcheck("mean backward", 1, one, b_mean, 2e-2);
   gradcheck("sum_rows backward", 1, one, b_sum_rows, 2e-2);
   gradcheck("gradient accumulation (a param used twice)", 1, one, b_reuse, 2e-2);
+  static const int64_t conv[2][5] = {{3, 2, 6, 3}, {2, 3, 4}};
+  gradcheck("conv1d backward", 2, conv, b_conv, 2e-2);
+  gradcheck("conv1d backward, fused silu", 2, conv, b_conv_silu, 2e-2);
+  /* B=1, T=7, H=1, HV=2 (GVA), K=4, V=3, chunk 4 */
+  static const int64_t kp[7][5] = {{4, 1, 7, 1, 4}, {4, 1, 7, 1, 4}, {4, 1, 7, 2, 3}, {4, 1, 7, 2, 4},
+                                   {3, 1, 7, 2}, {1, 2}, {1, 8}};
+  kda_ia[0] = KDA_GATE_SOFTPLUS, kda_ia[1] = 1, kda_ia[2] = KDA_BETA_SIGMOID, kda_ia[3] = 4;
+  gradcheck("kda backward (softplus gate, l2norm, sigmoid beta, chunk 4)", 7, kp, b_kda, 3e-2);
+  kda_ia[0] = KDA_GATE_LOWER_BOUND, kda_ia[2] = KDA_BETA_SIGMOID2, kda_fa[1] = -5.0f;
+  gradcheck("kda backward (lower-bound gate, 2*sigmoid beta, chunk 4)", 7, kp, b_kda, 3e-2);
 
   /* bad shapes are user errors with a message, not crashes */
   kda_graph *g = kda_graph_new();
@@ -312,6 +382,14 @@ int main(void) {
   int32_t bad = op2(g, KDA_OP_MATMUL, a, b, NULL, NULL);
   report(bad == -1 && strstr(kda_last_error(), "inner dimensions differ") != NULL, "shape mismatch is a clear error", kda_last_error());
   report(kda_graph_param(g, "a", 2, sa, 0, 0, 0) == -1 && strstr(kda_last_error(), "already used"), "duplicate parameter name refused", kda_last_error());
+  int64_t sq[4] = {1, 5, 2, 4}, sbad[4] = {1, 5, 3, 4}, sbeta[3] = {1, 5, 2}, s2[1] = {2}, s8[1] = {8};
+  int32_t kin[7] = {kda_graph_param(g, "q", 4, sq, 0, 0, 0), kda_graph_param(g, "k", 4, sq, 0, 0, 0),
+                    kda_graph_param(g, "v", 4, sq, 0, 0, 0), kda_graph_param(g, "g", 4, sbad, 0, 0, 0),
+                    kda_graph_param(g, "beta", 3, sbeta, 0, 0, 0), kda_graph_param(g, "A_log", 1, s2, 0, 0, 0),
+                    kda_graph_param(g, "dt_bias", 1, s8, 0, 0, 0)};
+  int64_t kia[8] = {1, 1, 1, 64};
+  report(kda_graph_op(g, KDA_OP_KDA, 7, kin, kia, NULL) == -1 && strstr(kda_last_error(), "g must be [B,T,HV,K]"),
+         "kda shape mismatch is a clear error", kda_last_error());
   kda_graph_free(g);
 
   printf("%d passed, %d failed\n", passed, failed);

@@ -88,6 +88,17 @@ function Node:swiglu(b) return self.G:op(C.KDA_OP_SWIGLU, { self, b }) end
 function Node:softmax() return self.G:op(C.KDA_OP_SOFTMAX, { self }) end
 function Node:rope(theta) return self.G:op(C.KDA_OP_ROPE, { self }, nil, { theta or 10000 }) end
 function Node:attention(k, v, scale) return self.G:op(C.KDA_OP_ATTENTION, { self, k, v }, nil, { scale or 0 }) end
+-- q:kda(k, v, g_raw, beta_raw, A_log, dt_bias, opts) -> o [B,T,HV,V] (KDA_OP_KDA, core/kda_ref.h).
+-- opts: gate_mode (1 softplus | 0 log | 2 lower bound), qk_l2norm (true), beta_mode (1 sigmoid |
+-- 0 raw | 2 2*sigmoid), chunk (64), scale (0 = 1/sqrt(K)), lower_bound (gate_mode 2 only).
+function Node:kda(k, v, g, beta, A_log, dt_bias, o)
+  o = o or {}
+  local l2 = o.qk_l2norm == nil and 1 or ((o.qk_l2norm == true or o.qk_l2norm == 1) and 1 or 0)
+  return self.G:op(C.KDA_OP_KDA, { self, k, v, g, beta, A_log, dt_bias },
+                   { o.gate_mode or 1, l2, o.beta_mode or 1, o.chunk or 64 }, { o.scale or 0, o.lower_bound or 0 })
+end
+-- x [B,T,C]:conv1d(w [C,W], silu) -> depthwise causal conv, SiLU fused when silu is true.
+function Node:conv1d(w, silu) return self.G:op(C.KDA_OP_CONV1D, { self, w }, { silu and 1 or 0 }) end
 function Node:cross_entropy(t) return self.G:op(C.KDA_OP_CROSS_ENTROPY, { self, t }) end
 function Node:sum() return self.G:op(C.KDA_OP_SUM, { self }) end
 function Node:mean() return self.G:op(C.KDA_OP_MEAN, { self }) end

@@ -71,6 +71,77 @@ function nn.Attention:forward(G, x, name, B, T)
   return self.o:forward(G, o:reshape(B * T, self.d), name .. ".o")
 end
 
+-- KDA{d, heads, head_dim, v_heads=heads, expand_v=1, conv=4, chunk=64, out_std, norm_eps=1e-5}:
+-- Kimi Delta Attention token mixer on x [B*T, d] (docs: /work/shared/docs/KDA.md §1.2).
+--   q, k = SiLU(Conv(W x)) [B,T,H,K]; v = SiLU(Conv(W x)) [B,T,HV,V]  (conv: depthwise causal, width 4)
+--   g_raw = f2(f1 x) (d -> V -> HV*K); beta_raw = b_proj x (d -> HV)
+--   o = kda(q, k, v, g_raw, beta_raw, A_log, dt_bias) with the softplus gate, qk l2norm, sigmoid beta
+--   o = RMSNorm_V(o) * sigmoid(g2(g1 x) + b) per head; y = o_proj(o) (HV*V -> d)
+-- A_log and dt_bias are created zero-initialised and get the fla init (A_log = log U(1,16);
+-- dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1], >= 1e-4) from :post_init(plan, name,
+-- seed), which kda.train calls after plan:init_params (call it yourself for hand-built plans).
+nn.KDA = class("KDA")
+function nn.KDA:init(o)
+  o = util.defaults(o, { d = false, heads = false, head_dim = false, v_heads = false, expand_v = 1, conv = 4,
+                         chunk = 64, out_std = false, norm_eps = 1e-5 }, "KDA")
+  if not o.d or not o.heads then util.fail("KDA: give d and heads, e.g. nn.KDA{d=128, heads=4}") end
+  self.d, self.H = o.d, o.heads
+  self.K = o.head_dim or (o.d / o.heads)
+  self.HV = o.v_heads or o.heads
+  self.V = math.floor(self.K * o.expand_v)
+  if self.K ~= math.floor(self.K) or self.K < 1 then util.fail(("KDA: head_dim %s is not a whole number"):format(tostring(self.K))) end
+  if self.HV % self.H ~= 0 then util.fail(("KDA: v_heads=%d is not a multiple of heads=%d"):format(self.HV, self.H)) end
+  self.conv, self.chunk, self.eps = o.conv, o.chunk, o.norm_eps
+  local d, H, HV, K, V = self.d, self.H, self.HV, self.K, self.V
+  self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, H * K), nn.Linear(d, H * K), nn.Linear(d, HV * V)
+  self.f1, self.f2 = nn.Linear(d, V), nn.Linear(V, HV * K)
+  self.b_proj = nn.Linear(d, HV)
+  self.g1, self.g2 = nn.Linear(d, V), nn.Linear(V, HV * V, { bias = true })
+  self.o_proj = nn.Linear(HV * V, d, { std = o.out_std or nil })
+end
+function nn.KDA:forward(G, x, name, B, T)
+  local H, HV, K, V = self.H, self.HV, self.K, self.V
+  local function conv_branch(lin, part, heads, hd)
+    local y = lin:forward(G, x, name .. "." .. part .. "_proj"):reshape(B, T, heads * hd)
+    -- nn.Conv1d's default init (kaiming uniform, a=sqrt(5)): U(+-1/sqrt(width))
+    local w = G:param(name .. "." .. part .. "_conv.weight", { heads * hd, self.conv }, "uniform", 1 / math.sqrt(self.conv))
+    return y:conv1d(w, true):reshape(B, T, heads, hd)
+  end
+  local q, k, v = conv_branch(self.q_proj, "q", H, K), conv_branch(self.k_proj, "k", H, K), conv_branch(self.v_proj, "v", HV, V)
+  local g = self.f2:forward(G, self.f1:forward(G, x, name .. ".f1"), name .. ".f2"):reshape(B, T, HV, K)
+  local beta = self.b_proj:forward(G, x, name .. ".b_proj"):reshape(B, T, HV)
+  local A_log = G:param(name .. ".A_log", { HV }, "zero", 0, { no_decay = true })
+  local dt_bias = G:param(name .. ".dt_bias", { HV * K }, "zero", 0, { no_decay = true })
+  local o = q:kda(k, v, g, beta, A_log, dt_bias, { chunk = self.chunk })
+  o = o:reshape(B * T * HV, V):rmsnorm(G:param(name .. ".o_norm.weight", { V }, "one", 0, { no_decay = true }), self.eps)
+  local gate = self.g2:forward(G, self.g1:forward(G, x, name .. ".g1"), name .. ".g2"):sigmoid():reshape(B * T * HV, V)
+  return self.o_proj:forward(G, o:mul(gate):reshape(B * T, HV * V), name .. ".o_proj")
+end
+-- Deterministic fla-style init of A_log and dt_bias (a small LCG seeded by the name and seed).
+local function lcg(name, seed)
+  local s = (seed or 0) % 2147483647
+  for i = 1, #name do s = (s * 31 + name:byte(i)) % 2147483647 end
+  s = s + 1
+  return function() s = (s * 48271) % 2147483647; return s / 2147483647 end
+end
+function nn.KDA:post_init(plan, name, seed)
+  local ffi = require "ffi"
+  local G = plan.G
+  local a, dt = G:find(name .. ".A_log"), G:find(name .. ".dt_bias")
+  if not a or not dt then util.fail("KDA post_init: no parameters under '" .. name .. "'") end
+  local rnd = lcg(name, seed)
+  local ba = ffi.new("float[?]", self.HV)
+  for i = 0, self.HV - 1 do ba[i] = math.log(1 + 15 * rnd()) end
+  plan:write(a, ba, 4 * self.HV)
+  local n = self.HV * self.K
+  local bd = ffi.new("float[?]", n)
+  for i = 0, n - 1 do
+    local t = math.max(math.exp(math.log(1e-3) + rnd() * (math.log(1e-1) - math.log(1e-3))), 1e-4)
+    bd[i] = t + math.log(1 - math.exp(-t)) -- softplus^-1(t) = log(exp(t) - 1)
+  end
+  plan:write(dt, bd, 4 * n)
+end
+
 -- Block: pre-norm residual block, x + mixer(norm(x)), then x + mlp(norm(x)).
 nn.Block = class("Block")
 function nn.Block:init(o)
@@ -109,6 +180,29 @@ function nn.GPT:forward(G, ids)
   x = self.norm:forward(G, x, "norm")
   if self.head then return self.head:forward(G, x, "head") end
   return x:matmul(self.embed:weight(G, "embed"), false, true)
+end
+
+-- Model-specific inits that kda_plan_init_params cannot express (KDA's A_log, dt_bias).
+function nn.GPT:post_init(plan, seed)
+  for i, blk in ipairs(self.blocks) do
+    if blk.mixer.post_init then blk.mixer:post_init(plan, "blocks." .. (i - 1) .. ".mix", seed) end
+  end
+end
+
+-- hybrid{d, layers, heads, attn_every=4, head_dim=d/heads, ...GPT options}: Kimi-Linear-style
+-- stack (KDA.md §1.3): KDA mixers, except every attn_every-th layer (i % attn_every == 0,
+-- 1-based), which is softmax attention without RoPE (NoPE; KDA is the position-aware op).
+function nn.hybrid(o)
+  o = util.defaults(o, { d = 128, layers = 4, heads = 4, attn_every = 4, head_dim = false, ffn = false,
+                         vocab = 256, tie = true, chunk = 64 }, "hybrid")
+  local every, hd, chunk = o.attn_every, o.head_dim, o.chunk
+  local cfg = { d = o.d, layers = o.layers, heads = o.heads, ffn = o.ffn, vocab = o.vocab, tie = o.tie, rope = false }
+  cfg.mixers = function(i, c)
+    local out_std = 0.02 / math.sqrt(2 * c.layers)
+    if every > 0 and i % every == 0 then return nn.Attention { d = c.d, heads = c.heads, rope = false, out_std = out_std } end
+    return nn.KDA { d = c.d, heads = c.heads, head_dim = hd or nil, chunk = chunk, out_std = out_std }
+  end
+  return nn.GPT(cfg)
 end
 
 -- Parameters without building a graph (for budgets): count by recording once.

@@ -106,6 +106,7 @@ function M.run(cfg)
   local G, io = M.build(cfg)
   local plan = Plan.build(G, backend)
   plan:init_params(cfg.seed)
+  if cfg.model.post_init then cfg.model:post_init(plan, cfg.seed) end
   if cfg.profile then plan:profile(true) end
   local ones = ffi.new("float[?]", B * T)
   for i = 0, B * T - 1 do ones[i] = 1 end

@@ -70,6 +70,40 @@ local function short_run(seed)
                      batch = 4, seq = 32, steps = 12, log_every = 3, seed = seed, quiet = true, eval_batches = 2 }
 end
 
+test("nn: KDA hybrid builds, names, NoPE attention every 4th layer, 10 steps lower the loss", function()
+  local m = kda.nn.hybrid { d = 32, layers = 4, heads = 2, attn_every = 4 }
+  local G = kda.Graph()
+  local logits = m:forward(G, G:input("tokens", "i32", { 2, 16 }))
+  local s = logits:shape()
+  expect(s[1] == 32 and s[2] == 256, "logits shape " .. table.concat(s, "x"))
+  for _, n in ipairs { "q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv.weight", "k_conv.weight",
+                       "v_conv.weight", "f1.weight", "f2.weight", "b_proj.weight", "A_log", "dt_bias",
+                       "o_norm.weight", "g1.weight", "g2.weight", "g2.bias", "o_proj.weight" } do
+    for _, l in ipairs { 0, 1, 2 } do
+      expect(G:find(("blocks.%d.mix.%s"):format(l, n)), "missing blocks." .. l .. ".mix." .. n)
+    end
+  end
+  expect(G:find("blocks.3.mix.q.weight") and not G:find("blocks.3.mix.A_log"), "layer 4 must be attention")
+  expect(G:find("blocks.0.mix.q_conv.weight"):shape()[2] == 4, "conv width 4")
+  expect(not m.blocks[4].mixer.rope, "attention layers must be NoPE")
+  local r = kda.train { model = m, data = { { path = licenses, name = "l" } }, batch = 4, seq = 32, steps = 10,
+                        lr = 3e-3, log_every = 1, seed = 3, quiet = true, eval_batches = 1 }
+  local first, last = r.losses[1].loss, r.losses[#r.losses].loss
+  print(("#   hybrid %d params, loss %.4f -> %.4f over %d logged steps"):format(r.params, first, last, #r.losses))
+  expect(last < first, ("loss did not go down: %.4f -> %.4f"):format(first, last))
+  -- post_init gave A_log = log U(1,16) and a positive-softplus dt_bias
+  local G2, plan = nil, nil
+  G2 = kda.Graph(); m:forward(G2, G2:input("tokens", "i32", { 1, 8 }))
+  plan = kda.Plan.build(G2, "cpu"); plan:init_params(1); m:post_init(plan, 1)
+  local a = plan:read_floats(G2:find("blocks.0.mix.A_log"))
+  expect(a[1] >= 0 and a[1] <= math.log(16) and a[2] ~= a[1], "A_log init " .. a[1] .. " " .. a[2])
+  local dt = plan:read_floats(G2:find("blocks.0.mix.dt_bias"))
+  for _, x in ipairs(dt) do
+    local sp = math.log(1 + math.exp(x))
+    expect(sp > 0.9e-4 and sp < 0.11, "dt_bias softplus out of [1e-4, 0.1]: " .. sp)
+  end
+end)
+
 test("determinism: same seed, same losses bit for bit", function()
   local a, b, c = short_run(7), short_run(7), short_run(8)
   for i, x in ipairs(a.losses) do
