@@ -52,11 +52,12 @@ build/asan/%: tests/%.c $(CORE_SRC) | build/asan
 test: kda $(TESTS) $(TESTS:build/tests/%=build/asan/%)
 	@bash tests/run.sh
 
+# GPU targets run on an H200 (see docs/cuda.md for the build of build/gpu/*).
 test-gpu: kda
-	@bash tests/gpu/run.sh
+	sh benches/kda_gpu.sh && bash benches/cuda_gpu.sh
 
 bench: kda
-	@bash benches/run.sh
+	bash benches/device_run.sh
 
 data:
 	bash vendor/data.sh full
