@@ -41,26 +41,29 @@ static int32_t fill_like(kda_graph *g, int32_t s, float f, int32_t like) {
   return emit(g, KDA_OP_FILL, s >= 0 ? 1 : 0, &s, ia, fa);
 }
 
-/* grad[x] += dx, marking parameter gradients precise. */
+/* f32 storage for a parameter-gradient contribution; a view's whole base buffer with it. */
+static void mark_precise(kda_graph *g, int32_t id) {
+  for (;;) {
+    node *c = &g->nodes[id];
+    c->flags |= NODE_PRECISE;
+    if (c->op != KDA_OP_VIEW) return;
+    id = c->in[0];
+  }
+}
+
+/* grad[x] += dx. A parameter's gradient and every contribution summed into it are precise;
+ * the final sum is KEEP (readable after the step; the optimizer runs last anyway). */
 static int accumulate(kda_graph *g, int32_t x, int32_t dx) {
   if (dx < 0) return -1;
-  node *nx = &g->nodes[x];
-  if (nx->grad >= 0) {
-    dx = emit2(g, KDA_OP_ADD, g->nodes[x].grad, dx, 0, 0);
-    if (dx < 0) return -1;
-    nx = &g->nodes[x];
-  }
-  nx->grad = dx;
-  if (nx->op == KDA_OP_PARAM) {
-    g->nodes[dx].flags |= NODE_KEEP; /* readable after the step; the optimizer runs last anyway */
-    /* f32 storage for the gradient and everything summed into it (views mark their base) */
-    int32_t stack[8] = {dx}, top = 1;
-    while (top) {
-      node *c = &g->nodes[stack[--top]];
-      c->flags |= NODE_PRECISE;
-      if (c->op == KDA_OP_VIEW && top < 8) stack[top++] = c->in[0];
-      if (c->op == KDA_OP_ADD && c->flags & NODE_GRAD && top < 7) stack[top++] = c->in[0], stack[top++] = c->in[1];
-    }
+  int32_t old = g->nodes[x].grad;
+  int32_t sum = old >= 0 ? emit2(g, KDA_OP_ADD, old, dx, 0, 0) : dx;
+  if (sum < 0) return -1;
+  g->nodes[x].grad = sum;
+  if (g->nodes[x].op == KDA_OP_PARAM) {
+    mark_precise(g, dx);
+    mark_precise(g, sum);
+    if (old >= 0) g->nodes[old].flags &= ~NODE_KEEP; /* a partial sum: the ADD reads it */
+    g->nodes[sum].flags |= NODE_KEEP;
   }
   return 0;
 }

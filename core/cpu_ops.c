@@ -8,6 +8,7 @@
 #include <string.h>
 #include "backend.h"
 #include "internal.h"
+#include "ops.h"
 
 #define LN2 0.69314718055994530942
 
@@ -115,7 +116,7 @@ static void cpu_embed(const kda_exec_node *n) {
 #pragma omp parallel for
   for (int64_t i = 0; i < cnt; i++) {
     int32_t t = idx[i];
-    if (t < 0 || t >= v) t = 0; /* ids are checked when written; never read out of bounds */
+    if (t < 0 || t >= v) t = 0; /* kda.data writes bytes 0..255; a bad id reads row 0, never past the table */
     memcpy(o + i * d, w + (int64_t)t * d, (size_t)d * sizeof(float));
   }
 }
@@ -213,27 +214,24 @@ static void cpu_rope(const kda_exec_node *n) {
   float theta = n->fattr[0] > 0 ? n->fattr[0] : 10000.0f;
   float sign = n->iattr[0] ? -1.0f : 1.0f;
   float *y = F(&n->out);
-  float *cs = kda_malloc((size_t)(2 * T * half) * sizeof(float), "rope table");
-  KDA_CHECK(cs);
-  for (int64_t t = 0; t < T; t++) /* angles once per call, not per head */
-    for (int64_t i = 0; i < half; i++) {
-      double ang = (double)t * pow((double)theta, -2.0 * (double)i / (double)D);
-      cs[2 * (t * half + i)] = (float)cos(ang), cs[2 * (t * half + i) + 1] = sign * (float)sin(ang);
-    }
 #pragma omp parallel for collapse(2)
   for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < T; t++)
+    for (int64_t t = 0; t < T; t++) {
+      float cs[KDA_ROPE_MAX_DH]; /* cos, sin pairs: once per position, shared by the heads */
+      for (int64_t i = 0; i < half; i++) {
+        double ang = (double)t * pow((double)theta, -2.0 * (double)i / (double)D);
+        cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = sign * (float)sin(ang);
+      }
       for (int64_t h = 0; h < H; h++) {
         const float *xi = x + ((b * T + t) * H + h) * D;
         float *yi = y + ((b * T + t) * H + h) * D;
         for (int64_t i = 0; i < half; i++) {
-          float c = cs[2 * (t * half + i)], s = cs[2 * (t * half + i) + 1];
           float x0 = xi[i], x1 = xi[i + half];
-          yi[i] = x0 * c - x1 * s;
-          yi[i + half] = x0 * s + x1 * c;
+          yi[i] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
+          yi[i + half] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
         }
       }
-  free(cs);
+    }
 }
 
 /* ---- causal attention, [B,T,H,Dh]; P = softmax(q k^T s) with j <= i -------------------- */

@@ -76,15 +76,17 @@ int32_t kda_graph_param(kda_graph *g, const char *name, int ndim, const int64_t 
 
 int32_t kda_graph_add(kda_graph *g, int op, int nin, const int32_t *in, const int64_t *iattr,
                       const float *fattr, int flags) {
-  kda_desc din[64], out;
-  if (nin < 0 || (nin > 64 && op != KDA_OP_GRAD_NORM)) return kda_set_error("%s: too many inputs (%d)", kda_op_name(op), nin);
-  for (int i = 0; i < nin; i++) {
+  kda_desc out, *din = kda_malloc((size_t)(nin > 0 ? nin : 1) * sizeof *din, "op inputs");
+  if (!din) return -1;
+  int rc = nin < 0 ? kda_set_error("%s: negative input count %d", kda_op_name(op), nin) : 0;
+  for (int i = 0; i < nin && rc == 0; i++) {
     if (in[i] < 0 || in[i] >= g->n)
-      return kda_set_error("%s: input %d is node %d, which does not exist (a failed op earlier?)", kda_op_name(op), i, in[i]);
-    if (i < 64) din[i] = g->nodes[in[i]].d;
+      rc = kda_set_error("%s: input %d is node %d, which does not exist (a failed op earlier?)", kda_op_name(op), i, in[i]);
+    else din[i] = g->nodes[in[i]].d;
   }
-  if (op == KDA_OP_GRAD_NORM) out = (kda_desc){KDA_F32, 1, {1, 1, 1, 1}};
-  else if (kda_op_infer(op, nin, din, iattr, fattr, &out)) return -1;
+  if (rc == 0) rc = kda_op_infer(op, nin, din, iattr, fattr, &out);
+  free(din);
+  if (rc) return -1;
   node *nd = push(g);
   if (!nd) return -1;
   nd->op = op, nd->nin = nin, nd->d = out, nd->flags = flags;

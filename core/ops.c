@@ -254,7 +254,8 @@ int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const f
     return 0;
   case KDA_OP_ROPE:
     if (want_inputs(op, nin, 1)) return -1;
-    if (in[0].ndim != 4 || in[0].shape[3] % 2) return bad(op, in, 1, "x must be [B,T,H,Dh] with even Dh");
+    if (in[0].ndim != 4 || in[0].shape[3] % 2 || in[0].shape[3] > KDA_ROPE_MAX_DH)
+      return bad(op, in, 1, "x must be [B,T,H,Dh] with even Dh <= 1024");
     *out = in[0];
     return 0;
   case KDA_OP_ATTENTION:

@@ -3,6 +3,9 @@
 #define KDA_OPS_H
 #include "kda.h"
 
+/* RoPE head dims are limited so the CPU op keeps its angle table on the stack. */
+#define KDA_ROPE_MAX_DH 1024
+
 /* What shape inference sees of a tensor. */
 typedef struct kda_desc {
   int32_t dtype, ndim;

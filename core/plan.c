@@ -7,7 +7,8 @@
  *     buffer whose lifetime intersects its own — one arena, sized once, never grown
  *  5. persistent region: parameters, optimizer state, inputs
  *  6. the exec list: every computing node with its inputs resolved to backend pointers
- * Nothing is allocated after kda_plan_build.                                               */
+ * Activations, parameters and optimizer state are allocated here, once. (The CPU reference
+ * ops still take small per-call scratch: attention probability rows, RMSNorm row scales.)   */
 #include <math.h>
 #include <string.h>
 #include "backend.h"
@@ -129,17 +130,14 @@ static int alloc_memory(kda_plan *p) {
                          "parameters and state; use a smaller batch, seq_len or model",
                          p->be->name, (double)p->arena_bytes / 1048576.0, (double)p->persist_bytes / 1048576.0);
   }
-  kda_graph *g = p->g;
-  for (int32_t i = 0; i < p->n; i++) {
-    int32_t r = p->root[i];
-    char *base = g->nodes[r].flags & NODE_PERSIST ? p->persist : p->arena;
-    int64_t extra = g->nodes[i].op == KDA_OP_VIEW ? 0 : -1;
-    p->ptr[i] = base + p->offset[r];
-    if (extra == 0) { /* views add up their offsets along the chain */
-      int64_t off = 0;
-      for (int32_t j = i; g->nodes[j].op == KDA_OP_VIEW; j = g->nodes[j].in[0]) off += g->nodes[j].iattr[0];
-      p->ptr[i] += off * kda_dtype_size(p->dtype[r]);
-    }
+  for (int32_t i = 0; i < p->n; i++) { /* node order: an alias's input is already placed */
+    const node *nd = &p->g->nodes[i];
+    if (nd->op == KDA_OP_VIEW)
+      p->ptr[i] = p->ptr[nd->in[0]] + nd->iattr[0] * kda_dtype_size(p->dtype[p->root[i]]);
+    else if (nd->flags & NODE_INPLACE)
+      p->ptr[i] = p->ptr[nd->in[0]];
+    else
+      p->ptr[i] = (nd->flags & NODE_PERSIST ? p->persist : p->arena) + p->offset[i];
   }
   return 0;
 }
