@@ -42,9 +42,6 @@ local G, io = train.build(cfg)
 local plan = kda.Plan.build(G, "cuda")
 plan:init_params(1)
 local B, T = opt.batch, opt.seq
-local ones = ffi.new("float[?]", B * T)
-for i = 0, B * T - 1 do ones[i] = 1 end
-plan:write(io.mask, ones, 4 * B * T)
 data:start(B, T, 1, true)
 C.kda_cuda_reset_peak_mem()
 C.kda_cuda_util_start()

@@ -22,7 +22,7 @@ options (before the file; also accepted after it):
   -h, --help              this text
   -v, --version           print the version]]
 
-local flags_with_value = { ["--set"] = true, ["--profile"] = true, ["--rung"] = true, ["--resume"] = false }
+local flags_with_value = { ["--set"] = true, ["--profile"] = true, ["--rung"] = true }
 local flags_plain = { ["--trust"] = true, ["--no-graph"] = true, ["--resume"] = true, ["--fresh"] = true }
 
 -- Split argv into options and positional args; unknown flags are an error.

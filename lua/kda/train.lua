@@ -33,7 +33,8 @@ function M.open_data(spec, window)
   return d
 end
 
--- Records the model and its loss. Inputs: tokens [B,T], targets [B*T], mask [B*T].
+-- Records the model and its loss. Inputs: tokens [B,T], targets [B*T], mask [B*T] (which
+-- targets an evaluation batch counts; training reads the unmasked mean).
 function M.build(cfg)
   local G = graph.new()
   local B, T = cfg.batch, cfg.seq
@@ -44,6 +45,7 @@ function M.build(cfg)
   local logits = cfg.model:forward(G, io.tokens)
   local bits = logits:cross_entropy(io.targets)                -- [B*T] bits per target byte
   io.masked_bits = G:keep(bits:mul(io.mask):sum())             -- eval: counted bits only
+  io.counted = G:keep(io.mask:sum())                           -- eval: counted target bytes
   io.loss = G:keep(bits:mean())
   G:backward(io.loss)
   G:adamw { lr = cfg.lr, beta1 = cfg.beta1, beta2 = cfg.beta2, eps = cfg.eps, weight_decay = cfg.weight_decay,
@@ -69,7 +71,7 @@ function M.evaluate(plan, io, data, B, T, max_batches)
       plan:write(io.mask, mask, 4 * B * T)
       plan:run(true)
       bits = bits + plan:read_floats(io.masked_bits)
-      for i = 0, B * T - 1 do counted = counted + mask[i] end
+      counted = counted + plan:read_floats(io.counted)
       first = first + tonumber(rows)
       batches = batches + 1
     end
@@ -108,9 +110,6 @@ function M.run(cfg)
   plan:init_params(cfg.seed)
   if cfg.model.post_init then cfg.model:post_init(plan, cfg.seed) end
   if cfg.profile then plan:profile(true) end
-  local ones = ffi.new("float[?]", B * T)
-  for i = 0, B * T - 1 do ones[i] = 1 end
-  plan:write(io.mask, ones, 4 * B * T)
   util.check(C.kda_data_start(d, B, T, cfg.seed, cfg.prefetch and 1 or 0), "data start")
   local nparams = G:param_count()
   local mem = plan:memory()
