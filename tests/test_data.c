@@ -10,13 +10,8 @@
 #include <unistd.h>
 #include "data.h"
 #include "kda.h"
+#include "check.h"
 
-static int passed, failed;
-
-static void check(int cond, const char *name, const char *detail) {
-  if (cond) passed++, printf("ok - %s\n", name);
-  else failed++, printf("FAIL - %s: %s\n", name, detail && *detail ? detail : kda_last_error());
-}
 
 /* A fixture file of n pseudo-random bytes drawn from `alphabet` letters; path into buf. */
 static void fixture(char *path, size_t size, int64_t n, int alphabet, uint32_t seed) {
@@ -227,6 +222,5 @@ int main(void) {
   test_sampler(a, b);
   test_errors(a);
   unlink(a), unlink(b);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_summary();
 }

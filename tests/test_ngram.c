@@ -17,13 +17,8 @@
 #include <unistd.h>
 #include "kda.h"
 #include "ngram.h"
+#include "check.h"
 
-static int passed, failed;
-
-static void check(int cond, const char *name, const char *detail) {
-  if (cond) passed++, printf("ok - %s\n", name);
-  else failed++, printf("FAIL - %s: %s\n", name, detail && *detail ? detail : kda_last_error());
-}
 
 static uint32_t rng = 12345;
 static uint32_t next_rand(void) {   /* xorshift32: the low bits of an LCG repeat too soon */
@@ -198,8 +193,7 @@ static void test_anchors(void) {
     double limit = t < 2 ? 0.1 : 0.9;
     snprintf(name, sizeof name, "anchor %s: a copy of the context costs < %.0f%% of new bytes", tools[t], 100 * limit);
     if (!kda_anchor_available(tools[t])) {
-      printf("ok - %s # skip: %s not installed\n", name, tools[t]);
-      passed++;
+      check_skip(name, "not installed");
       continue;
     }
     double fresh = kda_anchor_bits(tools[t], ctx, n, x, 20000);
@@ -285,6 +279,5 @@ int main(void) {
   test_speed(text, n);
   test_anchors();
   free(text);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_summary();
 }

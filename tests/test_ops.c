@@ -6,14 +6,9 @@
 #include <string.h>
 #include "../core/internal.h"
 #include "../core/kda.h"
+#include "check.h"
 #include "../core/kda_ref.h"
 
-static int passed, failed;
-
-static void report(int ok, const char *name, const char *detail) {
-  if (ok) passed++, printf("ok - %s\n", name);
-  else failed++, printf("FAIL - %s: %s\n", name, detail);
-}
 
 static kda_tensor *randt(int ndim, const int64_t *shape, uint64_t seed) {
   kda_tensor *t = kda_tensor_new(KDA_F32, ndim, shape);
@@ -35,10 +30,10 @@ static double rel_err(const float *a, const float *b, int64_t n) {
 
 static void expect_close(const char *name, kda_tensor *got, const float *want, double tol) {
   char detail[128];
-  if (!got) { report(0, name, kda_last_error()); return; }
+  if (!got) { check(0, name, kda_last_error()); return; }
   double e = rel_err(D(got), want, kda_tensor_numel(got));
   snprintf(detail, sizeof detail, "relative error %.3g > %.1g", e, tol);
-  report(e <= tol, name, detail);
+  check(e <= tol, name, detail);
   kda_tensor_free(got);
 }
 
@@ -182,9 +177,9 @@ static void gradcheck(const char *name, int np, const int64_t (*shapes)[5], buil
   }
   int32_t y = build(g, p, np);
   int32_t loss = y >= 0 ? weighted_sum(g, y) : -1;
-  if (loss < 0 || kda_graph_backward(g, loss)) { report(0, name, kda_last_error()); kda_graph_free(g); return; }
+  if (loss < 0 || kda_graph_backward(g, loss)) { check(0, name, kda_last_error()); kda_graph_free(g); return; }
   kda_plan *pl = kda_plan_build(g, KDA_BACKEND_CPU);
-  if (!pl) { report(0, name, kda_last_error()); kda_graph_free(g); return; }
+  if (!pl) { check(0, name, kda_last_error()); kda_graph_free(g); return; }
   kda_plan_init_params(pl, 42);
   int32_t r = kda_graph_find(g, "R");
   int64_t rn = 1;
@@ -219,7 +214,7 @@ static void gradcheck(const char *name, int np, const int64_t (*shapes)[5], buil
   }
   char detail[96];
   snprintf(detail, sizeof detail, "worst gradient error %.3g > %.1g", worst, tol);
-  report(worst <= tol, name, detail);
+  check(worst <= tol, name, detail);
   free(rv);
   kda_plan_free(pl);
   kda_graph_free(g);
@@ -291,7 +286,7 @@ static void fwd_kda(int64_t chunk_attr, const char *name) {
   static double o64[B * T * HV * V];
   static float want[B * T * HV * V];
   if (kda_kdaref_recurrent64(&a, dp[0], dp[1], dp[2], dp[3], dp[4], dp[5], dp[6], NULL, o64, NULL)) {
-    report(0, name, kda_last_error());
+    check(0, name, kda_last_error());
   } else {
     for (int i = 0; i < B * T * HV * V; i++) want[i] = (float)o64[i];
     int64_t ia[8] = {1, 1, 1, chunk_attr};
@@ -380,18 +375,17 @@ int main(void) {
   int64_t sa[2] = {3, 4}, sb[2] = {5, 6};
   int32_t a = kda_graph_param(g, "a", 2, sa, KDA_INIT_NORMAL, 1, 0), b = kda_graph_param(g, "b", 2, sb, KDA_INIT_NORMAL, 1, 0);
   int32_t bad = op2(g, KDA_OP_MATMUL, a, b, NULL, NULL);
-  report(bad == -1 && strstr(kda_last_error(), "inner dimensions differ") != NULL, "shape mismatch is a clear error", kda_last_error());
-  report(kda_graph_param(g, "a", 2, sa, 0, 0, 0) == -1 && strstr(kda_last_error(), "already used"), "duplicate parameter name refused", kda_last_error());
+  check(bad == -1 && strstr(kda_last_error(), "inner dimensions differ") != NULL, "shape mismatch is a clear error", kda_last_error());
+  check(kda_graph_param(g, "a", 2, sa, 0, 0, 0) == -1 && strstr(kda_last_error(), "already used"), "duplicate parameter name refused", kda_last_error());
   int64_t sq[4] = {1, 5, 2, 4}, sbad[4] = {1, 5, 3, 4}, sbeta[3] = {1, 5, 2}, s2[1] = {2}, s8[1] = {8};
   int32_t kin[7] = {kda_graph_param(g, "q", 4, sq, 0, 0, 0), kda_graph_param(g, "k", 4, sq, 0, 0, 0),
                     kda_graph_param(g, "v", 4, sq, 0, 0, 0), kda_graph_param(g, "g", 4, sbad, 0, 0, 0),
                     kda_graph_param(g, "beta", 3, sbeta, 0, 0, 0), kda_graph_param(g, "A_log", 1, s2, 0, 0, 0),
                     kda_graph_param(g, "dt_bias", 1, s8, 0, 0, 0)};
   int64_t kia[8] = {1, 1, 1, 64};
-  report(kda_graph_op(g, KDA_OP_KDA, 7, kin, kia, NULL) == -1 && strstr(kda_last_error(), "g must be [B,T,HV,K]"),
+  check(kda_graph_op(g, KDA_OP_KDA, 7, kin, kia, NULL) == -1 && strstr(kda_last_error(), "g must be [B,T,HV,K]"),
          "kda shape mismatch is a clear error", kda_last_error());
   kda_graph_free(g);
 
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  return check_summary();
 }
