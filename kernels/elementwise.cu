@@ -95,12 +95,8 @@ int kc_swiglu_bwd(const kda_exec_node *n, kc_ctx *c) {
 __global__ void k_softmax(const void *x, int xdt, void *y, int ydt, int64_t d) {
   __shared__ float sh[32];
   int64_t base = (int64_t)blockIdx.x * d;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) mx = fmaxf(mx, kc_ld(x, xdt, base + j));
-  mx = kc_block_max(mx, sh);
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += expf(kc_ld(x, xdt, base + j) - mx);
-  s = kc_block_sum(s, sh);
+  float mx, s;
+  kc_row_softmax_stats(x, xdt, base, d, sh, &mx, &s);
   float inv = 1.0f / s;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
     kc_st(y, ydt, base + j, expf(kc_ld(x, xdt, base + j) - mx) * inv);

@@ -94,6 +94,16 @@ __device__ __forceinline__ float kc_block_max(float v, float *sh) {
   v = lane < nw ? sh[lane] : -INFINITY;
   return kc_warp_max(v);
 }
+/* Row statistics for a stable softmax of x[base, base+d), one block per row: the max and
+ * sum(exp(x - max)), both the same in every thread. Shared by softmax and cross-entropy. */
+__device__ __forceinline__ void kc_row_softmax_stats(const void *x, int xdt, int64_t base, int64_t d,
+                                                     float *sh, float *mx_out, float *sum_out) {
+  float mx = -INFINITY, s = 0.f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) mx = fmaxf(mx, kc_ld(x, xdt, base + j));
+  mx = kc_block_max(mx, sh);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) s += expf(kc_ld(x, xdt, base + j) - mx);
+  *mx_out = mx, *sum_out = kc_block_sum(s, sh);
+}
 
 static inline int64_t kc_numel(const kda_tview *t) { return kda_tview_numel(t); }
 static inline int64_t kc_lastdim(const kda_tview *t) { return t->shape[t->ndim - 1]; }

@@ -15,14 +15,10 @@ __global__ void k_xent(const void *z, int zdt, const int32_t *tg, const void *dl
                        void *o, int odt, int64_t v) {
   __shared__ float sh[32];
   int64_t row = blockIdx.x, base = row * v;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, kc_ld(z, zdt, base + j));
-  mx = kc_block_max(mx, sh);
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(kc_ld(z, zdt, base + j) - mx);
-  s = kc_block_sum(s, sh);
+  float mx, s;
+  kc_row_softmax_stats(z, zdt, base, v, sh, &mx, &s);
   int32_t t = tg[row];
-  if (t < 0 || t >= v) t = 0;   /* as the CPU: ids are checked when written */
+  if (t < 0 || t >= v) t = 0;   /* as the CPU: a bad target reads column 0, never out of bounds */
   if (!dl) {
     if (threadIdx.x == 0) kc_st(o, odt, row, (logf(s) + mx - kc_ld(z, zdt, base + t)) / LN2F);
     return;
