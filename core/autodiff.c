@@ -214,6 +214,7 @@ int kda_graph_backward(kda_graph *g, int32_t loss) {
     for (int j = 0; j < g->nodes[i].nin; j++) dep[i] |= dep[g->nodes[i].in[j]];
   }
   g->nforward = nf;
+  g->loss = loss;
   g->nodes[loss].flags |= NODE_KEEP;
   int rc = 0;
   if (!dep[loss]) {

@@ -392,7 +392,7 @@ static void cpu_transpose(const kda_exec_node *n) {
 }
 
 /* ---- optimizer ----------------------------------------------------------------------------
- * state = {step, lr, skipped, spare}. SCHEDULE: lr for the step about to be taken, then step++.
+ * state: enum kda_state_slot. SCHEDULE: lr for the step about to be taken, then step++.
  * fattr: lr, min_lr_frac, decay_frac; iattr: schedule, warmup, total.                       */
 float kda_schedule_lr(int64_t step, const int64_t *ia, const float *fa) {
   float lr = fa[0], lo = fa[0] * fa[1];
@@ -437,7 +437,7 @@ static void cpu_adamw(const kda_exec_node *n) {
   const float *g = F(&n->in[1]);
   float gn = F(&n->in[4])[0];
   const float *st = F(&n->in[5]);
-  if (!isfinite(gn)) return;
+  if (!isfinite(gn) || st[KDA_STATE_SKIP] != 0) return;
   float b1 = n->fattr[0], b2 = n->fattr[1], eps = n->fattr[2], wd = n->fattr[3], clip = n->fattr[4];
   float lr = st[1], t = st[0];
   float gs = (clip > 0 && gn > clip) ? clip / gn : 1.0f;
@@ -449,6 +449,89 @@ static void cpu_adamw(const kda_exec_node *n) {
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
     v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
     p[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * p[i]);
+  }
+}
+
+/* GUARD: decide whether this step's update is skipped (non-finite loss or grad norm, or a loss
+ * spike over fattr0 x the running mean once iattr0 steps have passed), count skips, and keep
+ * the loss EMA (decay fattr1) over the steps that were kept.                                 */
+static void cpu_guard(const kda_exec_node *n) {
+  float *st = F(&n->in[0]);
+  float loss = F(&n->in[1])[0], gn = F(&n->in[2])[0], factor = n->fattr[0], decay = n->fattr[1];
+  int warm = st[KDA_STATE_STEP] > (float)n->iattr[0];
+  int skip = !isfinite(loss) || !isfinite(gn) ||
+             (factor > 0 && warm && st[KDA_STATE_LOSS_EMA] > 0 && loss > factor * st[KDA_STATE_LOSS_EMA]);
+  st[KDA_STATE_SKIP] = (float)skip;
+  st[KDA_STATE_SKIP_RUN] = skip ? st[KDA_STATE_SKIP_RUN] + 1 : 0;
+  st[KDA_STATE_SKIPPED] += (float)skip;
+  if (!skip) st[KDA_STATE_LOSS_EMA] = st[KDA_STATE_LOSS_EMA] > 0 ? decay * st[KDA_STATE_LOSS_EMA] + (1 - decay) * loss : loss;
+}
+
+/* X <- a X + (b A + c A A) X with A = X X^T, five times: drives the singular values of X
+ * towards 1 (the quintic Newton-Schulz iteration with Muon's coefficients). X is [r,c], r <= c. */
+static void newton_schulz5(float *x, int r, int c, float *a, float *b, float *t) {
+  const float ka = 3.4445f, kb = -4.7750f, kc = 2.0315f;
+  for (int it = 0; it < 5; it++) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, r, c, 1.0f, x, c, x, c, 0.0f, a, r);
+    memcpy(b, a, (size_t)r * r * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, r, r, kc, a, r, a, r, kb, b, r);
+    memcpy(t, x, (size_t)r * c * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, c, r, 1.0f, b, r, t, c, ka, x, c);
+  }
+}
+
+/* Muon: mom = mu mom + g;  u = g + mu mom (Nesterov);  X = NS5(u / |u|_F) (transposed when
+ * R > C so the iteration works on the smaller Gram matrix);
+ * p -= lr (sqrt(max(1, R/C)) X + wd p). fattr: mu, lr_mult, wd, clip.                      */
+static void cpu_muon(const kda_exec_node *n) {
+  float *p = F(&n->in[0]), *mom = F(&n->in[2]);
+  const float *g = F(&n->in[1]), *st = F(&n->in[4]);
+  float gn = F(&n->in[3])[0];
+  if (!isfinite(gn) || st[KDA_STATE_SKIP] != 0) return;
+  float mu = n->fattr[0], lr = st[KDA_STATE_LR] * n->fattr[1], wd = n->fattr[2], clip = n->fattr[3];
+  float gs = (clip > 0 && gn > clip) ? clip / gn : 1.0f;
+  int R = (int)n->in[0].shape[0], Cc = (int)n->in[0].shape[1], tr = R > Cc;
+  int r = tr ? Cc : R, c = tr ? R : Cc;
+  int64_t cnt = (int64_t)R * Cc;
+  float *x = malloc((size_t)cnt * sizeof(float) * 2), *t = x + cnt;
+  float *a = malloc((size_t)r * r * sizeof(float) * 2), *b = a + (int64_t)r * r;
+  KDA_CHECK(x && a); /* r x c scratch: a weight's size, small next to the step */
+  double norm = 0;
+  for (int64_t i = 0; i < cnt; i++) {
+    float gi = g[i] * gs;
+    mom[i] = mu * mom[i] + gi;
+    float u = gi + mu * mom[i];
+    int64_t row = i / Cc, col = i % Cc;
+    x[tr ? col * R + row : i] = u;
+    norm += (double)u * u;
+  }
+  float inv = 1.0f / ((float)sqrt(norm) + 1e-7f);
+  for (int64_t i = 0; i < cnt; i++) x[i] *= inv;
+  newton_schulz5(x, r, c, a, b, t);
+  float scale = sqrtf(fmaxf(1.0f, (float)R / (float)Cc));
+  for (int64_t i = 0; i < cnt; i++) {
+    int64_t row = i / Cc, col = i % Cc;
+    p[i] -= lr * (scale * x[tr ? col * R + row : i] + wd * p[i]);
+  }
+  free(x), free(a);
+}
+
+static void cpu_ema(const kda_exec_node *n) {
+  float *e = F(&n->in[0]);
+  const float *p = F(&n->in[1]), *st = F(&n->in[2]);
+  float d = st[KDA_STATE_STEP] <= 1.0f ? 0.0f : n->fattr[0];
+  int64_t cnt = kda_tview_numel(&n->in[0]);
+  for (int64_t i = 0; i < cnt; i++) e[i] = d * e[i] + (1.0f - d) * p[i];
+}
+
+static void cpu_retract(const kda_exec_node *n) {
+  float *p = F(&n->in[0]);
+  int64_t r = n->in[0].shape[0], c = n->in[0].shape[1];
+  for (int64_t i = 0; i < r; i++) {
+    double ss = 0;
+    for (int64_t j = 0; j < c; j++) ss += (double)p[i * c + j] * p[i * c + j];
+    float s = ss > 0 ? (float)(n->fattr[0] / sqrt(ss)) : 1.0f;
+    for (int64_t j = 0; j < c; j++) p[i * c + j] *= s;
   }
 }
 
@@ -484,6 +567,10 @@ int kda_cpu_run_node(const kda_exec_node *n) {
   case KDA_OP_GRAD_NORM: cpu_grad_norm(n); break;
   case KDA_OP_SCHEDULE: cpu_schedule(n); break;
   case KDA_OP_ADAMW: cpu_adamw(n); break;
+  case KDA_OP_GUARD: cpu_guard(n); break;
+  case KDA_OP_MUON: cpu_muon(n); break;
+  case KDA_OP_EMA: cpu_ema(n); break;
+  case KDA_OP_RETRACT: cpu_retract(n); break;
   case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD:
     return kda_cpu_kda_node(n);
   case KDA_OP_VIEW: break; /* resolved by the plan: an alias, nothing to compute */

@@ -13,7 +13,7 @@ const char *kda_dtype_name(int dtype) { return dtype >= 0 && dtype <= KDA_F64 ? 
 kda_graph *kda_graph_new(void) {
   kda_graph *g = calloc(1, sizeof *g);
   if (!g) { kda_set_error("out of host memory creating a graph"); return NULL; }
-  g->state = g->gnorm = -1;
+  g->state = g->gnorm = g->loss = -1;
   return g;
 }
 
@@ -103,7 +103,8 @@ int32_t kda_graph_add(kda_graph *g, int op, int nin, const int32_t *in, const in
 
 int32_t kda_graph_op(kda_graph *g, int op, int nin, const int32_t *in, const int64_t *iattr,
                      const float *fattr) {
-  if (op == KDA_OP_SCHEDULE || op == KDA_OP_ADAMW || op == KDA_OP_INPUT || op == KDA_OP_PARAM)
+  if (op == KDA_OP_SCHEDULE || op == KDA_OP_ADAMW || op == KDA_OP_GUARD || op == KDA_OP_MUON ||
+      op == KDA_OP_EMA || op == KDA_OP_RETRACT || op == KDA_OP_INPUT || op == KDA_OP_PARAM)
     return kda_set_error("%s: made by kda_graph_input/param/adamw, not kda_graph_op", kda_op_name(op));
   return kda_graph_add(g, op, nin, in, iattr, fattr, 0);
 }

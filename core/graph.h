@@ -28,6 +28,7 @@ struct kda_graph {
   node *nodes;
   int32_t n, cap;
   int32_t nforward;   /* nodes [0, nforward) are the forward pass (set by backward) */
+  int32_t loss;       /* the node backward started from, -1 before */
   int32_t state, gnorm;
   int has_optim;
 };

@@ -80,9 +80,10 @@ enum kda_op {
   KDA_OP_SIGMOID,         /* (x) -> 1/(1+exp(-x))                                            */
   KDA_OP_SIGMOID_BWD,     /* (y, dy) -> dy*y*(1-y)                                           */
   KDA_OP_GRAD_NORM,       /* (g0, g1, ...) -> [1] sqrt(sum of squares of every input)        */
-  KDA_OP_SCHEDULE,        /* (state [4]) -> in place: state = {step, lr, loss_scale, spare};
-                             step += 1, lr from the schedule in fattr/iattr (kda_adamw_config) */
-  KDA_OP_ADAMW,           /* (param, grad, m, v, gnorm [1], state [4]) -> in place update    */
+  KDA_OP_SCHEDULE,        /* (state [8]) -> in place: step += 1, lr from the schedule in
+                             fattr/iattr (kda_adamw_config); slots in enum kda_state_slot     */
+  KDA_OP_ADAMW,           /* (param, grad, m, v, gnorm [1], state [8]) -> in place update;
+                             nothing changes when state[SKIP] != 0 or gnorm is not finite      */
   KDA_OP_KDA,             /* Kimi Delta Attention (core/kda_ref.h): (q [B,T,H,K], k [B,T,H,K],
                              v [B,T,HV,V], g_raw [B,T,HV,K], beta_raw [B,T,HV], A_log [HV],
                              dt_bias [HV*K]) -> o [B,T,HV,V]. iattr0 = gate_mode (enum
@@ -95,6 +96,17 @@ enum kda_op {
   KDA_OP_CONV1D,          /* (x [B,T,C], w [C,W]) -> y [B,T,C], depthwise causal conv:
                              y[t,c] = sum_j w[c,j] x[t-W+1+j,c]; iattr0 = 1 fuses SiLU       */
   KDA_OP_CONV1D_BWD,      /* (x, w, dy) -> packed [B*T*C + C*W] = dx then dw; iattr0 as CONV1D */
+  KDA_OP_GUARD,           /* (state [8], loss [1], gnorm [1]) -> in place: state[SKIP] = 1 when
+                             loss or gnorm is not finite, or loss > fattr0 * state[LOSS_EMA]
+                             (a spike; fattr0 = 0 disables) after iattr0 warm steps; counts
+                             skips; updates the loss EMA (decay fattr1) on kept steps          */
+  KDA_OP_MUON,            /* (param [R,C], grad, mom, gnorm [1], state [8]) -> in place:
+                             mom = mu mom + g; p -= lr*lr_mult*(sqrt(max(1,R/C)) NS5(g + mu mom)
+                             + wd p), NS5 = 5 Newton-Schulz steps towards the orthogonal
+                             factor; fattr: mu, lr_mult, wd, clip. Skips like ADAMW         */
+  KDA_OP_EMA,             /* (ema, param, state [8]) -> in place: ema = d ema + (1-d) param,
+                             d = fattr0; the first step copies param                        */
+  KDA_OP_RETRACT,         /* (param [R,C]) -> in place: every row rescaled to L2 norm fattr0 */
   KDA_OP_COUNT
 };
 const char *kda_op_name(int op);
@@ -119,7 +131,8 @@ kda_tensor *kda_tensor_cast(kda_tensor *t, int dtype);             /* new tensor
 /* ---- graphs --------------------------------------------------------------------------------*/
 typedef struct kda_graph kda_graph;
 enum kda_init { KDA_INIT_ZERO = 0, KDA_INIT_ONE = 1, KDA_INIT_NORMAL = 2, KDA_INIT_UNIFORM = 3 };
-enum kda_param_flags { KDA_PARAM_NO_DECAY = 1 };
+enum kda_param_flags { KDA_PARAM_NO_DECAY = 1,   /* no weight decay, no Muon (norms, embeddings) */
+                       KDA_PARAM_RETRACT = 2 };  /* rows re-normalised after each update */
 kda_graph *kda_graph_new(void);
 void kda_graph_free(kda_graph *g);
 int32_t kda_graph_input(kda_graph *g, const char *name, int dtype, int ndim, const int64_t *shape);
@@ -140,6 +153,9 @@ int32_t kda_graph_find(const kda_graph *g, const char *name);     /* -1 if absen
 int64_t kda_graph_param_count(const kda_graph *g);                /* trained scalars */
 
 enum kda_schedule { KDA_SCHED_CONSTANT = 0, KDA_SCHED_COSINE = 1, KDA_SCHED_WSD = 2 };
+/* The optimizer state vector (the node kda_graph_state_node, [8] f32) by slot. */
+enum kda_state_slot { KDA_STATE_STEP = 0, KDA_STATE_LR = 1, KDA_STATE_SKIP = 2, KDA_STATE_SKIP_RUN = 3,
+                      KDA_STATE_SKIPPED = 4, KDA_STATE_LOSS_EMA = 5 };
 typedef struct kda_adamw_config {
   float lr, beta1, beta2, eps, weight_decay;
   float clip;             /* global grad-norm clip; 0 disables */
@@ -147,6 +163,12 @@ typedef struct kda_adamw_config {
   float decay_frac;       /* WSD: share of steps spent decaying at the end */
   int32_t schedule;       /* enum kda_schedule */
   int32_t warmup_steps, total_steps;
+  float spike_factor;     /* skip a step whose loss exceeds factor x its running mean; 0 = off */
+  float ema_decay;        /* keep an EMA of every parameter ("X.ema"); 0 = off */
+  int32_t muon;           /* 1: Muon for 2-D weights without KDA_PARAM_NO_DECAY, AdamW for the rest */
+  float muon_lr_mult;     /* Muon lr = scheduled lr * this (e.g. 0.02 / 3e-3) */
+  float muon_momentum;    /* Muon momentum (0.95) */
+  float retract_norm;     /* row norm for KDA_PARAM_RETRACT parameters (1) */
 } kda_adamw_config;
 int kda_graph_adamw(kda_graph *g, const kda_adamw_config *cfg);
 int32_t kda_graph_state_node(const kda_graph *g); /* the [4] {step, lr, ...} state, or -1 */

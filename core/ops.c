@@ -25,6 +25,8 @@ static const char *op_names[KDA_OP_COUNT] = {
     [KDA_OP_TRANSPOSE] = "transpose",  [KDA_OP_SIGMOID] = "sigmoid",
     [KDA_OP_SIGMOID_BWD] = "sigmoid_bwd", [KDA_OP_GRAD_NORM] = "grad_norm",
     [KDA_OP_SCHEDULE] = "schedule",    [KDA_OP_ADAMW] = "adamw",
+    [KDA_OP_GUARD] = "guard",          [KDA_OP_MUON] = "muon",
+    [KDA_OP_EMA] = "ema",              [KDA_OP_RETRACT] = "retract",
     [KDA_OP_KDA] = "kda",              [KDA_OP_KDA_BWD] = "kda_bwd",
     [KDA_OP_CONV1D] = "conv1d",        [KDA_OP_CONV1D_BWD] = "conv1d_bwd",
 };
@@ -313,6 +315,26 @@ int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const f
   case KDA_OP_CONV1D_BWD:
     if (want_inputs(op, nin, 3)) return -1;
     return infer_conv1d(op, nin, in, out);
+  case KDA_OP_GUARD:
+    if (want_inputs(op, nin, 3)) return -1;
+    *out = in[0];
+    return 0;
+  case KDA_OP_MUON:
+    if (want_inputs(op, nin, 5)) return -1;
+    if (in[0].ndim != 2 || !same_shape(&in[0], &in[1]) || !same_shape(&in[0], &in[2]))
+      return bad(op, in, 3, "Muon updates 2-D weights: param, grad, momentum of one shape");
+    *out = in[0];
+    return 0;
+  case KDA_OP_EMA:
+    if (want_inputs(op, nin, 3)) return -1;
+    if (!same_shape(&in[0], &in[1])) return bad(op, in, 2, "ema and param must have one shape");
+    *out = in[0];
+    return 0;
+  case KDA_OP_RETRACT:
+    if (want_inputs(op, nin, 1)) return -1;
+    if (in[0].ndim != 2) return bad(op, in, 1, "retraction re-normalises the rows of a 2-D weight");
+    *out = in[0];
+    return 0;
   case KDA_OP_ADAMW:
     if (want_inputs(op, nin, 6)) return -1;
     if (!same_shape(&in[0], &in[1]) || !same_shape(&in[0], &in[2]) || !same_shape(&in[0], &in[3]))

@@ -121,7 +121,8 @@ kda_tensor *kda_tensor_op(int op, int nin, kda_tensor *const *in, const int64_t 
   if (nin < 0 || nin > 8) { kda_set_error("%s: eager ops take at most 8 inputs", kda_op_name(op)); return NULL; }
   if (op == KDA_OP_VIEW) return kda_tensor_view(in[0], iattr[0], (int)iattr[1], iattr + 2);
   for (int i = 0; i < nin; i++) din[i] = in[i]->d;
-  if (op == KDA_OP_SCHEDULE || op == KDA_OP_ADAMW) { kda_set_error("%s: optimizer ops run inside a plan", kda_op_name(op)); return NULL; }
+  if (op == KDA_OP_SCHEDULE || op == KDA_OP_ADAMW || op == KDA_OP_GUARD || op == KDA_OP_MUON ||
+      op == KDA_OP_EMA || op == KDA_OP_RETRACT) { kda_set_error("%s: optimizer ops run inside a plan", kda_op_name(op)); return NULL; }
   if (kda_op_infer(op, nin, din, iattr, fattr, &out)) return NULL;
   kda_tensor *o = tensor_alloc(&out);
   if (!o) return NULL;

@@ -167,6 +167,7 @@ static int cu_read(void *dst, const void *src, int64_t bytes) {
 static int64_t scratch_need(const kda_exec_node *n) {
   switch (n->op) {
   case KDA_OP_MATMUL: return kc_gemm_scratch(n);
+  case KDA_OP_MUON: return kc_muon_scratch(n);
   case KDA_OP_RMSNORM_BWD: return kc_norm_scratch(n);
   case KDA_OP_SUM: case KDA_OP_MEAN: case KDA_OP_SUM_ROWS: case KDA_OP_GRAD_NORM:
     return kc_reduce_scratch(n);
@@ -201,6 +202,10 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_GRAD_NORM: return kc_grad_norm(n, c);
   case KDA_OP_SCHEDULE: return kc_schedule(n, c);
   case KDA_OP_ADAMW: return kc_adamw(n, c);
+  case KDA_OP_GUARD: return kc_guard(n, c);
+  case KDA_OP_MUON: return kc_muon(n, c);
+  case KDA_OP_EMA: return kc_ema(n, c);
+  case KDA_OP_RETRACT: return kc_retract(n, c);
   default:
     return kda_set_error("cuda: op %s (node %d) cannot run on the CUDA backend: the plan "
                          "should have resolved it", op_name(n->op), n->id);

@@ -156,6 +156,12 @@ int kc_grad_norm(const kda_exec_node *n, kc_ctx *c);
 
 int kc_schedule(const kda_exec_node *n, kc_ctx *c);
 int kc_adamw(const kda_exec_node *n, kc_ctx *c);
+/* optim_ext.cu: the guard, Muon, EMA and retraction nodes */
+int kc_guard(const kda_exec_node *n, kc_ctx *c);
+int kc_muon(const kda_exec_node *n, kc_ctx *c);
+int64_t kc_muon_scratch(const kda_exec_node *n);
+int kc_ema(const kda_exec_node *n, kc_ctx *c);
+int kc_retract(const kda_exec_node *n, kc_ctx *c);
 
 int kc_attention(const kda_exec_node *n, kc_ctx *c);
 int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c);

@@ -1,5 +1,5 @@
 /* optim.cu — the learning-rate schedule and AdamW, both reading their step and lr from the
- * device-resident state [4] = {step, lr, skipped, spare}, so a captured step never needs the
+ * device-resident optimizer state (enum kda_state_slot), so a captured step never needs the
  * host. CPU twin: kda_schedule_lr, cpu_schedule, cpu_adamw in core/cpu_ops.c (same formula,
  * same float/double split, so lr agrees to the last bit or one ulp of cos).             */
 #include "kernels.h"
@@ -50,7 +50,7 @@ struct adamw_args {
 __global__ void k_adamw(float *p, const void *g, int gdt, float *m, float *v, const float *gnorm,
                         const float *st, int64_t n, adamw_args a) {
   float gn = *gnorm;
-  if (!isfinite(gn)) return;   /* a non-finite gradient norm skips the whole update */
+  if (!isfinite(gn) || st[KDA_STATE_SKIP] != 0) return; /* NaN/Inf or a guarded spike: no update */
   float lr = st[1], t = st[0];
   float gs = (a.clip > 0 && gn > a.clip) ? a.clip / gn : 1.0f;
   float c1 = 1.0f - powf(a.b1, t), c2 = 1.0f - powf(a.b2, t);

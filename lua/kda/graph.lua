@@ -30,9 +30,10 @@ end
 
 local inits = { zero = C.KDA_INIT_ZERO, one = C.KDA_INIT_ONE, normal = C.KDA_INIT_NORMAL, uniform = C.KDA_INIT_UNIFORM }
 
--- param(name, shape, init="normal", scale=0.02, {no_decay=true})
+-- param(name, shape, init="normal", scale=0.02, {no_decay=true, retract=true})
 function Graph:param(name, shape, init, scale, opts)
   local flags = (opts and opts.no_decay) and C.KDA_PARAM_NO_DECAY or 0
+  if opts and opts.retract then flags = bit.bor(flags, C.KDA_PARAM_RETRACT) end
   local kind = inits[init or "normal"] or util.fail("unknown init '" .. tostring(init) .. "'")
   local n = node(self, C.kda_graph_param(self.g, name, #shape, i64(shape), kind, scale or 0.02, flags))
   self.params[#self.params + 1] = n
@@ -54,14 +55,22 @@ function Graph:param_count() return tonumber(C.kda_graph_param_count(self.g)) en
 function Graph:find(name) local id = C.kda_graph_find(self.g, name); return id >= 0 and node(self, id) or nil end
 
 local schedules = { constant = C.KDA_SCHED_CONSTANT, cosine = C.KDA_SCHED_COSINE, wsd = C.KDA_SCHED_WSD }
+-- The optimizer: AdamW, or Muon for 2-D weights (o.optimizer = "muon"); the lr schedule, the
+-- NaN/spike guard, EMA and retraction live on the backend (core/optim.c).
 function Graph:adamw(o)
+  if o.optimizer and o.optimizer ~= "adamw" and o.optimizer ~= "muon" then
+    util.fail("unknown optimizer '" .. tostring(o.optimizer) .. "': use adamw or muon")
+  end
   local cfg = ffi.new("kda_adamw_config", {
     lr = o.lr, beta1 = o.beta1 or 0.9, beta2 = o.beta2 or 0.95, eps = o.eps or 1e-8,
     weight_decay = o.weight_decay or 0.1, clip = o.clip or 1.0, min_lr_frac = o.min_lr_frac or 0.1,
     decay_frac = o.decay_frac or 0.2,
     schedule = schedules[o.schedule or "cosine"] or util.fail("unknown schedule '" .. tostring(o.schedule) .. "'"),
-    warmup_steps = o.warmup or 0, total_steps = o.steps or 0 })
-  util.check(C.kda_graph_adamw(self.g, cfg), "adamw")
+    warmup_steps = o.warmup or 0, total_steps = o.steps or 0,
+    spike_factor = o.spike_factor or 0, ema_decay = o.ema or 0, muon = o.optimizer == "muon" and 1 or 0,
+    muon_lr_mult = o.muon_lr and o.muon_lr / o.lr or 1, muon_momentum = o.muon_momentum or 0.95,
+    retract_norm = o.retract_norm or 1 })
+  util.check(C.kda_graph_adamw(self.g, cfg), "optimizer")
   self.state = node(self, C.kda_graph_state_node(self.g))
   self.gnorm = node(self, C.kda_graph_gnorm_node(self.g))
 end
