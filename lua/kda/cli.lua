@@ -11,6 +11,9 @@ usage: kda [options] [FILE.lua | COMMAND] [args...]
   kda -e 'CODE'           run a line of Lua with the library loaded
   kda                     interactive REPL (line editing, history in ~/.kda_history)
   kda ngram [args]        n-gram bars for the data domains (recipes/ngram.lua)
+  kda report RUN... [--out FILE]   HTML plots of runs/RUN/metrics.tsv (default runs/report.html)
+  kda sample RUN [--prompt TEXT] [-n N] [--temperature T] [--seed S]
+                          bytes from the newest checkpoint of runs/RUN
   kda data [small|full]   build the corpus into data/ (vendor/data.sh)
 
 options (before the file; also accepted after it):
@@ -18,6 +21,8 @@ options (before the file; also accepted after it):
   --trust                 run the recipe without the sandbox (os.execute, io.popen, ffi allowed)
   --profile NAME          ladder profile (cpu or gpu); default by GPU presence
   --rung N                run one ladder rung
+  --resume                continue the recipe's run (--set run=NAME) from its newest valid checkpoint
+  --fresh                 start the run over, deleting its checkpoints
   --no-graph              run CUDA steps eagerly instead of replaying a captured graph
   -h, --help              this text
   -v, --version           print the version]]
@@ -137,7 +142,46 @@ local function repl()
   return 0
 end
 
+-- Options of a subcommand: spec maps "--flag" to "string" or "number"; the rest is positional.
+local function parse_sub(cmd, args, spec)
+  local o, pos, i = {}, {}, 1
+  while i <= #args do
+    local a = args[i]
+    if spec[a] then
+      local v = args[i + 1]
+      if v == nil then error(("%s: %s needs a value"):format(cmd, a), 0) end
+      if spec[a] == "number" then
+        v = tonumber(v) or error(("%s: %s wants a number, got '%s'"):format(cmd, a, args[i + 1]), 0)
+      end
+      o[a:gsub("^%-+", "")] = v
+      i = i + 2
+    elseif a:match("^%-") then error(("%s: unknown option '%s' (see kda --help)"):format(cmd, a), 0)
+    else pos[#pos + 1] = a; i = i + 1 end
+  end
+  return o, pos
+end
+
+local subcommands = {
+  report = function(args)
+    local o, names = parse_sub("report", args, { ["--out"] = "string" })
+    local out = require("kda.report").write(names, o.out or "runs/report.html")
+    print("wrote " .. out)
+    return 0
+  end,
+  sample = function(args)
+    local o, pos = parse_sub("sample", args, { ["--prompt"] = "string", ["-n"] = "number", ["--temperature"] = "number",
+                                               ["--seed"] = "number" })
+    if #pos ~= 1 then error("sample: name one run, e.g. kda sample tiny --prompt 'The ' -n 200", 0) end
+    local prompt = o.prompt or ""
+    local text = require("kda.sample").generate { run = pos[1], prompt = prompt, n = o.n or 200,
+                                                  temperature = o.temperature or 1, seed = o.seed or 1 }
+    io.write(prompt, text, "\n")
+    return 0
+  end,
+}
+
 function M.main(argv)
+  if subcommands[argv[1]] then return subcommands[argv[1]]({ unpack(argv, 2) }) end
   if argv[1] == "-h" or argv[1] == "--help" then print(usage) return 0 end
   if argv[1] == "-v" or argv[1] == "--version" then print(ffi.string(C.kda_version())) return 0 end
   if argv[1] == "-e" then
