@@ -122,10 +122,30 @@ static void bench_gemm(int64_t M, int64_t N, int64_t K, int wdt) {
   double ms = time_list(&n, 1);
   char s[64], nm[64];
   snprintf(s, sizeof s, "M=%lld N=%lld K=%lld", (long long)M, (long long)N, (long long)K);
-  snprintf(nm, sizeof nm, "matmul x@W^T, W %s", wdt == KDA_BF16 ? "bf16" : "f32 (cvt)");
+  snprintf(nm, sizeof nm, "matmul x@W^T, W %s", wdt == KDA_BF16 ? "bf16" : "f32 (+refresh)");
   row(nm, s, ms, 2.0 * M * N * K, 0);
   free_views(v, 2);
   be->free(o.data);
+}
+
+/* A weight's two products in a step, one list: y = x W^T and dx = dy W. With an f32 W the
+ * bf16 shadow is refreshed once at the start of the list and read by both GEMMs (before the
+ * shadow each GEMM rounded W itself); KDA_NO_SHADOW=1 measures the old way. */
+static void bench_gemm_pair(int64_t M, int64_t N, int64_t K, int wdt) {
+  kda_tview w = buf(wdt, 2, N, K, 1, 1, 0.05f);
+  kda_tview in0[2] = {buf(KDA_BF16, 2, M, K, 1, 1, 1.f), w};
+  kda_tview in1[2] = {buf(KDA_BF16, 2, M, N, 1, 1, 1.f), w};
+  kda_tview y = buf(KDA_BF16, 2, M, N, 1, 1, 1.f), dx = buf(KDA_BF16, 2, M, K, 1, 1, 1.f);
+  kda_exec_node n[2];
+  memset(n, 0, sizeof n);
+  n[0].op = KDA_OP_MATMUL, n[0].nin = 2, n[0].in = in0, n[0].out = y, n[0].iattr[1] = 1;
+  n[1].op = KDA_OP_MATMUL, n[1].nin = 2, n[1].in = in1, n[1].out = dx;
+  double ms = time_list(n, 2);
+  char s[64], nm[64];
+  snprintf(s, sizeof s, "M=%lld N=%lld K=%lld", (long long)M, (long long)N, (long long)K);
+  snprintf(nm, sizeof nm, "x@W^T + dy@W, W %s", wdt == KDA_BF16 ? "bf16" : getenv("KDA_NO_SHADOW") ? "f32 cvt x2" : "f32 shadow");
+  row(nm, s, ms, 4.0 * M * N * K, 0);
+  be->free(w.data), be->free(in0[0].data), be->free(in1[0].data), be->free(y.data), be->free(dx.data);
 }
 
 static void bench_attention(int64_t B, int64_t T, int64_t H, int64_t D) {
@@ -194,6 +214,36 @@ static void bench_adamw(int64_t P) {
   free_views(v, 6);
 }
 
+/* The optimizer tail of a step: NT parameters of P elements each. fused: one gnorm for all
+ * (ceil(NT/48) launches); unfused: a distinct gnorm buffer per node (same value), so no two
+ * nodes may share a launch: NT launches, the old behaviour. */
+static void bench_adamw_many(int NT, int64_t P, int fused) {
+  std::vector<kda_tview> v((size_t)NT * 6);
+  std::vector<kda_exec_node> n((size_t)NT);
+  kda_tview gn = buf(KDA_F32, 1, 1, 1, 1, 1, 0.f), st = buf(KDA_F32, 1, 4, 1, 1, 1, 0.f);
+  float g = 0.5f, stv[4] = {10, 1e-3f, 0, 0};
+  be->write(gn.data, &g, 4);
+  be->write(st.data, stv, 16);
+  for (int t = 0; t < NT; t++) {
+    kda_tview *x = &v[(size_t)t * 6];
+    x[0] = buf(KDA_F32, 1, P, 1, 1, 1, 0.02f), x[1] = buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f);
+    x[2] = buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f), x[3] = buf(KDA_F32, 1, P, 1, 1, 1, 1e-6f);
+    x[4] = gn, x[5] = st;
+    if (!fused) { x[4] = buf(KDA_F32, 1, 1, 1, 1, 1, 0.f); be->write(x[4].data, &g, 4); }
+    memset(&n[t], 0, sizeof n[t]);
+    n[t].op = KDA_OP_ADAMW, n[t].nin = 6, n[t].in = x, n[t].out = x[0];
+    n[t].fattr[0] = 0.9f, n[t].fattr[1] = 0.95f, n[t].fattr[2] = 1e-8f, n[t].fattr[3] = 0.1f, n[t].fattr[4] = 1.f;
+  }
+  char s[64];
+  snprintf(s, sizeof s, "%d x %lld f32", NT, (long long)P);
+  row(fused ? "adamw multi-tensor (fused)" : "adamw per tensor (unfused)", s, time_list(n.data(), NT), 0, 28.0 * NT * P);
+  for (int t = 0; t < NT; t++) {
+    for (int j = 0; j < 4; j++) be->free(v[(size_t)t * 6 + j].data);
+    if (!fused) be->free(v[(size_t)t * 6 + 4].data);
+  }
+  be->free(gn.data), be->free(st.data);
+}
+
 int main(void) {
   be = kda_cuda_backend();
   if (!be) {
@@ -203,8 +253,9 @@ int main(void) {
   stream = (cudaStream_t)kda_cuda_stream();
   printf("# kda cuda_ops_bench on %s (dense bf16 peak used for MFU elsewhere: %.0f TFLOP/s)\n",
          kda_cuda_device_name(), kda_cuda_bf16_peak_flops() / 1e12);
-  printf("# median of %d warm reps, each one graph replay; env KDA_ATTN_SIMPLE=%s\n", REPS,
-         getenv("KDA_ATTN_SIMPLE") ? getenv("KDA_ATTN_SIMPLE") : "unset");
+  printf("# median of %d warm reps, each one graph replay; env KDA_ATTN_SIMPLE=%s KDA_NO_SHADOW=%s\n", REPS,
+         getenv("KDA_ATTN_SIMPLE") ? getenv("KDA_ATTN_SIMPLE") : "unset",
+         getenv("KDA_NO_SHADOW") ? getenv("KDA_NO_SHADOW") : "unset");
   printf("| %-28s | %-26s | %9s | %-16s |\n", "op", "shape", "ms", "rate");
   printf("|------------------------------|----------------------------|-----------|------------------|\n");
   bench_copy();
@@ -215,12 +266,18 @@ int main(void) {
   bench_gemm(32768, 8192, 2048, KDA_BF16);
   bench_gemm(32768, 2048, 8192, KDA_BF16);
   bench_gemm(32768, 8192, 2048, KDA_F32);
+  bench_gemm_pair(4096, 3072, 768, KDA_BF16);
+  bench_gemm_pair(4096, 3072, 768, KDA_F32);
+  bench_gemm_pair(4096, 256, 256, KDA_BF16);   /* GPT S 8x512 shapes: launch-bound */
+  bench_gemm_pair(4096, 256, 256, KDA_F32);
   bench_attention(8, 2048, 16, 128);
   bench_attention(64, 1024, 12, 64);
   bench_rows(65536, 768);
   bench_rows(65536, 2048);
   bench_xent(65536, 256);
   bench_adamw(124000000);
+  bench_adamw_many(75, 87381, 1);   /* ~GPT S: 6.5M params in ~75 tensors */
+  bench_adamw_many(75, 87381, 0);
   printf("# peak device memory held by kda: %.2f GiB\n", kda_cuda_peak_mem_bytes() / 1073741824.0);
   return 0;
 }

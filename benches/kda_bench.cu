@@ -90,7 +90,9 @@ int main() {
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || !ndev) { printf("# no CUDA device: bench skipped\n"); return 0; }
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
-  printf("# kda_bench on %s; bf16, pre-gated g = logsigmoid(randn), l2norm in kernel, chunk 64\n", pr.name);
+  const char *simple = getenv("KDA_KDA_SIMPLE");
+  printf("# kda_bench on %s; bf16, pre-gated g = logsigmoid(randn), l2norm in kernel, chunk 64; path: %s\n",
+         pr.name, simple && *simple && simple[0] != '0' ? "version 1 (KDA_KDA_SIMPLE=1)" : "version 2 (tensor cores)");
   printf("# FLOPs: KDA.md §8 executed counts; bytes: fused-ideal I/O\n");
   printf("%-22s %-7s %9s %9s %9s %9s %9s %9s\n", "shape (B,T,H,D)", "mode", "first_ms", "med_ms",
          "graph_ms", "TFLOP/s", "GB/s", "Mtok/s");

@@ -1,7 +1,12 @@
 #!/bin/sh
-# kda_gpu.sh — build (if needed) and run the CUDA KDA test, then the bench.
-# Logs go to $OUT (if set, else build/kda_gpu) as kda_test.log, kda_bench.log, kda_ptxas.log,
-# kda_attn_peer.log (when python3 has torch). Exit status: the test's.
+# kda_gpu.sh — build (if needed) and run the CUDA KDA test, then the bench, on the H200.
+# Builds on the device with its nvcc: kernels/kda_cuda.cu (version 1 + version 2 tensor-core
+# kernels), kernels/kda_ops.cu (the backend glue + CUDA conv1d), the CPU reference pieces the
+# test compares against (core/kda_ref.c, core/cpu_kda.c, core/util.c).
+# Logs go to $OUT (if set, else build/kda_gpu): kda_ptxas.log (registers/spills/smem per
+# kernel), kda_sass.log (HMMA count), kda_test.log (both paths + exec nodes), kda_bench.log
+# (version 2), kda_bench_simple.log (version 1, KDA_KDA_SIMPLE=1), kda_attn_peer.log (when
+# python3 has torch). Exit status: non-zero if the test fails or a bench crashes.
 # Usage: sh benches/kda_gpu.sh        (from the repository root; NVCC, ARCH may be overridden)
 set -eu
 cd "$(dirname "$0")/.."
@@ -11,22 +16,33 @@ B=build/kda_gpu
 LOG=${OUT:-$B}
 mkdir -p "$B" "$LOG"
 CFLAGS="-std=c11 -O2 -fopenmp -D_GNU_SOURCE -Icore"
-NVFLAGS="-std=c++17 -O3 -arch=sm_$ARCH -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"
+NVFLAGS="-std=c++17 -O3 -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"
 newer() { [ ! -e "$1" ] || [ -n "$(find core kernels tests/gpu benches -newer "$1" -name '*.[ch]*' 2>/dev/null | head -1)" ]; }
 if newer "$B/test_kda_cuda" || newer "$B/kda_bench"; then
   gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o"
   gcc $CFLAGS -c core/util.c -o "$B/util.o"
+  gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o"
   "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_cuda.cu -o "$B/kda_cuda.o" 2> "$LOG/kda_ptxas.log"
+  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_ops.cu -o "$B/kda_ops.o" 2>> "$LOG/kda_ptxas.log"
   grep -E "Compiling entry|Used|spill" "$LOG/kda_ptxas.log" | grep -v "0 bytes spill stores, 0 bytes spill loads" || true
-  "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_ref.o" "$B/util.o" \
-    -Xcompiler -fopenmp -o "$B/test_kda_cuda"
+  "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_ops.o" "$B/cpu_kda.o" \
+    "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda"
   "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench"
 fi
+if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then
+  CUOBJ=$(command -v cuobjdump || echo "$(dirname "$NVCC")/cuobjdump")
+  { echo "HMMA per kernel (version 2 kernels must show HMMA.16816.F32.BF16 / HMMA.1684.F32.TF32):"
+    "$CUOBJ" --dump-sass "$B/kda_cuda.o" | awk '/Function :/ {f=$3} /HMMA/ {n[f]++} END {for (k in n) print n[k], k}'
+  } > "$LOG/kda_sass.log" 2>&1 || true
+  cat "$LOG/kda_sass.log"
+fi
 rc=0
-"$B/test_kda_cuda" 2>&1 | tee "$LOG/kda_test.log" || true
+# KDA_CUDA_SYNC-style safety: the test synchronises after every case itself.
+timeout 500 "$B/test_kda_cuda" 2>&1 | tee "$LOG/kda_test.log" || true
 grep -q " 0 failed" "$LOG/kda_test.log" || rc=1
-"$B/kda_bench" 2>&1 | tee "$LOG/kda_bench.log" || rc=1
+timeout 300 "$B/kda_bench" 2>&1 | tee "$LOG/kda_bench.log" || rc=1
+KDA_KDA_SIMPLE=1 timeout 300 "$B/kda_bench" 2>&1 | tee "$LOG/kda_bench_simple.log" || rc=1
 if python3 -c "import torch" 2>/dev/null; then   # the softmax-attention peer, same shapes
-  python3 benches/peers/kda_attn_peer.py 2>&1 | tee "$LOG/kda_attn_peer.log" || true
+  timeout 200 python3 benches/peers/kda_attn_peer.py 2>&1 | tee "$LOG/kda_attn_peer.log" || true
 fi
 exit $rc

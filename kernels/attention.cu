@@ -7,12 +7,15 @@
  *     (bf16 in, fp32 accumulate), 64 queries x 64 keys per step, 4 warps of 16 query rows,
  *     S and P never leave registers (the C fragment of S is reused as the A fragment of P).
  *   - generic path (any Dh <= 256, f32 or bf16): one warp per query row, fp32 SIMT.
- * Backward (ATTENTION_BWD), deterministic with no atomics:
- *   1. recompute O (f32, scratch) and lse with the forward;  2. Dsum_i = dO_i . O_i;
- *   3. dq in a pass over key tiles per query row;  4. dk, dv in a pass over query tiles per
- *      key row. Every output element has exactly one writer, summing in a fixed order.
- * The backward passes are the generic SIMT kernels (correct for every Dh; a tensor-core
- * backward is the next step, see docs/cuda.md). KDA_ATTN_SIMPLE=1 forces the generic forward. */
+ * Backward (ATTENTION_BWD), deterministic with no atomics (every output element has exactly
+ * one writer, summing in a fixed order):
+ *   - tensor-core path (bf16 q/k/v/dout, Dh 64/128): the forward kernel as a pre-pass writing
+ *     lse and Dsum_i = dO_i . O_i (O never stored), then a dq pass over key tiles per query
+ *     tile and a dk/dv pass over query tiles per key tile, mma.sync like the forward
+ *     (see "tensor-core backward" below).
+ *   - generic path (any Dh, f32 or bf16): 1. recompute O (f32, scratch) and lse with the
+ *     forward; 2. Dsum; 3. dq, one warp per query row; 4. dk, dv, one warp per key row; fp32 SIMT.
+ * KDA_ATTN_SIMPLE=1 forces the generic paths (forward and backward). */
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
@@ -297,11 +300,15 @@ template <> __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16 
   *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x, y);
 }
 
+/* With dsum != NULL (the backward's pre-pass) O is not stored: each row's Dsum = dO . O is
+ * taken from the fp32 accumulators instead (dout read at the thread's own O columns), so the
+ * backward needs no O buffer and no separate Dsum kernel. */
 template <int DH, typename TO>
 __global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
                                                       const __nv_bfloat16 *k,
                                                       const __nv_bfloat16 *v, TO *o, float *lse,
-                                                      int T, int H, float scale) {
+                                                      int T, int H, float scale,
+                                                      const __nv_bfloat16 *dout, float *dsum) {
   constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8;
   extern __shared__ __align__(16) unsigned char smraw[];
   __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD;
@@ -407,11 +414,33 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+  if (dsum) {   /* backward pre-pass: Dsum_i = dO_i . O_i, O in fp32, not stored */
+    float d0 = 0.f, d1 = 0.f;
 #pragma unroll
-  for (int d = 0; d < ND; d++) {
-    const int col = d * 8 + 2 * t4;
-    if (row0 < T) store2<TO>(o + base + (int64_t)row0 * rs + col, oacc[d][0] * i0, oacc[d][1] * i0);
-    if (row1 < T) store2<TO>(o + base + (int64_t)row1 * rs + col, oacc[d][2] * i1, oacc[d][3] * i1);
+    for (int d = 0; d < ND; d++) {
+      const int col = d * 8 + 2 * t4;
+      if (row0 < T) {
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(dout + base + (int64_t)row0 * rs + col));
+        d0 += oacc[d][0] * x.x + oacc[d][1] * x.y;
+      }
+      if (row1 < T) {
+        float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)(dout + base + (int64_t)row1 * rs + col));
+        d1 += oacc[d][2] * x.x + oacc[d][3] * x.y;
+      }
+    }
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 1);
+    d0 += __shfl_xor_sync(0xffffffffu, d0, 2);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 1);
+    d1 += __shfl_xor_sync(0xffffffffu, d1, 2);
+    if (t4 == 0 && row0 < T) dsum[(int64_t)bh * T + row0] = d0 * i0;
+    if (t4 == 0 && row1 < T) dsum[(int64_t)bh * T + row1] = d1 * i1;
+  } else {
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+      const int col = d * 8 + 2 * t4;
+      if (row0 < T) store2<TO>(o + base + (int64_t)row0 * rs + col, oacc[d][0] * i0, oacc[d][1] * i0);
+      if (row1 < T) store2<TO>(o + base + (int64_t)row1 * rs + col, oacc[d][2] * i1, oacc[d][3] * i1);
+    }
   }
   if (lse && t4 == 0) {
     if (row0 < T) lse[(int64_t)bh * T + row0] = (m0 + log2f(l0)) * LN2F;
@@ -426,8 +455,298 @@ static int launch_fwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t 
   dim3 grid((unsigned)((a.T + BQ - 1) / BQ), (unsigned)(B * a.H));
   k_attn_fwd_mma<DH, TO><<<grid, 128, smem, c->stream>>>(
       (const __nv_bfloat16 *)a.q, (const __nv_bfloat16 *)a.k, (const __nv_bfloat16 *)a.v, o,
-      a.lse, a.T, a.H, a.scale);
+      a.lse, a.T, a.H, a.scale, (const __nv_bfloat16 *)NULL, (float *)NULL);
   KC_LAUNCH_CHECK(n, "k_attn_fwd_mma");
+  return 0;
+}
+
+/* ======================= tensor-core backward (mma.sync m16n8k16 bf16) =====================
+ * FlashAttention-2's backward, split into passes so that every output element has exactly one
+ * writer (no atomics: bit-reproducible):
+ *   pre   k_attn_fwd_mma with dsum != NULL: lse_i and Dsum_i = dO_i . O_i per query row;
+ *   dq    one block per 64 query rows, a loop over key tiles 0..diagonal:
+ *           S = Q K^T, P = exp(S s - lse), dP = dO V^T, dS = P (dP - Dsum), dQ += dS K;
+ *   dkdv  one block per 64 key rows, a loop over query tiles diagonal..T (NQ rows each):
+ *           S^T = K Q^T, P^T, dP^T = V dO^T, dS^T, dV += P^T dO, dK += dS^T Q.
+ * S and dP are recomputed in both passes (9 matrix products per tile pair over the whole
+ * backward against FA2's 5 with atomics); P and dS are rounded to bf16 for their products,
+ * as in FA2, everything else accumulates in fp32. 4 warps of 16 rows each; the C fragments
+ * of S/dS are reused as A fragments (the forward's trick), operands read from padded shared
+ * memory with the same (verified) fragment patterns as the forward.
+ * Predicted (8,2048,16,128) fwd+bwd: 70.8 ms -> ~12 ms (bwd ~ 9 forward-sized products at the
+ * forward's ~70 TFLOP/s) — predicted; to be measured. */
+
+/* Rows [r0, r0+ROWS) of a [.,DH] bf16 head slice into s[ROWS][DH+8]; rows past T are zero. */
+template <int DH, int ROWS>
+__device__ __forceinline__ void load_rows_bf16(__nv_bfloat16 *s, const __nv_bfloat16 *g,
+                                               int64_t rs, int r0, int T) {
+  constexpr int LD = DH + 8, CPR = DH / 8;
+  for (int e = threadIdx.x; e < ROWS * CPR; e += blockDim.x) {
+    int r = e / CPR, ch = e - r * CPR;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < T) v = *(const uint4 *)(g + (int64_t)(r0 + r) * rs + ch * 8);
+    *(uint4 *)(s + r * LD + ch * 8) = v;
+  }
+}
+/* A fragment (16 x 16) of a row-major [m][k] smem tile: rows m0.., columns k0.. */
+template <int LD>
+__device__ __forceinline__ void frag_a(uint32_t *a, const __nv_bfloat16 *S, int m0, int k0, int g,
+                                       int t4) {
+  a[0] = *(const uint32_t *)&S[(m0 + g) * LD + k0 + 2 * t4];
+  a[1] = *(const uint32_t *)&S[(m0 + g + 8) * LD + k0 + 2 * t4];
+  a[2] = *(const uint32_t *)&S[(m0 + g) * LD + k0 + 8 + 2 * t4];
+  a[3] = *(const uint32_t *)&S[(m0 + g + 8) * LD + k0 + 8 + 2 * t4];
+}
+/* B fragment (k16 x n8) of a tile stored [n][k] (K in S = Q K^T): two 32-bit loads. */
+template <int LD>
+__device__ __forceinline__ void frag_b_nk(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *S,
+                                          int n0, int k0, int g, int t4) {
+  b0 = *(const uint32_t *)&S[(n0 + g) * LD + k0 + 2 * t4];
+  b1 = *(const uint32_t *)&S[(n0 + g) * LD + k0 + 8 + 2 * t4];
+}
+/* B fragment of a tile stored [k][n] (V in O = P V): four 16-bit loads. */
+template <int LD>
+__device__ __forceinline__ void frag_b_kn(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *S,
+                                          int n0, int k0, int g, int t4) {
+  const unsigned short *U = (const unsigned short *)S;
+  const int kr = k0 + 2 * t4, col = n0 + g;
+  b0 = pack_u16(U[kr * LD + col], U[(kr + 1) * LD + col]);
+  b1 = pack_u16(U[(kr + 8) * LD + col], U[(kr + 9) * LD + col]);
+}
+/* A fragment for k-step kk from C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16). */
+__device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+/* dq_i = scale sum_{j<=i} dS_ij k_j: block = 64 query rows (longest first), 4 warps x 16 rows.
+ * smem: Q, dO (resident), K, V (per key tile), each 64 x (DH+8) bf16. */
+template <int DH, typename TO>
+__global__ void __launch_bounds__(128) k_attn_dq_mma(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                                                     const __nv_bfloat16 *v,
+                                                     const __nv_bfloat16 *dout, const float *lse,
+                                                     const float *dsum, TO *dq, int T, int H,
+                                                     float scale) {
+  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8;
+  extern __shared__ __align__(16) unsigned char smraw[];
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Os = Qs + 64 * LD, *Ks = Os + 64 * LD,
+                *Vs = Ks + 64 * LD;
+  const int qb = (gridDim.x - 1 - blockIdx.x) * 64;
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  load_rows_bf16<DH, 64>(Qs, q + base, rs, qb, T);
+  load_rows_bf16<DH, 64>(Os, dout + base, rs, qb, T);
+  const int r0 = warp * 16, row0 = qb + r0 + g, row1 = row0 + 8;
+  const float sl2 = scale * LOG2E;
+  const float lse0 = row0 < T ? lse[(int64_t)bh * T + row0] * LOG2E : 0.f;
+  const float lse1 = row1 < T ? lse[(int64_t)bh * T + row1] * LOG2E : 0.f;
+  const float ds0 = row0 < T ? dsum[(int64_t)bh * T + row0] : 0.f;
+  const float ds1 = row1 < T ? dsum[(int64_t)bh * T + row1] : 0.f;
+  float acc[ND][4];
+#pragma unroll
+  for (int d = 0; d < ND; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
+  const int kend = min(T, qb + 64);
+  for (int kb = 0; kb < kend; kb += 64) {
+    __syncthreads();   /* every warp is done with the previous K/V tile */
+    load_rows_bf16<DH, 64>(Ks, k + base, rs, kb, T);
+    load_rows_bf16<DH, 64>(Vs, v + base, rs, kb, T);
+    __syncthreads();
+    if (qb + r0 >= T) continue;   /* this warp's rows are all past T (uniform per warp) */
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < NKS; ks++) {
+      uint32_t qa[4], oa[4];
+      frag_a<LD>(qa, Qs, r0, ks * 16, g, t4);
+      frag_a<LD>(oa, Os, r0, ks * 16, g, t4);
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        uint32_t b0, b1;
+        frag_b_nk<LD>(b0, b1, Ks, nt * 8, ks * 16, g, t4);
+        mma16816(s[nt], qa, b0, b1);
+        frag_b_nk<LD>(b0, b1, Vs, nt * 8, ks * 16, g, t4);
+        mma16816(dp[nt], oa, b0, b1);
+      }
+    }
+    /* dS = P (dP - Dsum) into s; masked (causal, keys past T) entries are exactly 0 */
+    const bool mask = kb + 64 > qb || kb + 64 > T;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int key = kb + nt * 8 + 2 * t4 + e;
+        float p0 = exp2f(s[nt][e] * sl2 - lse0), p1 = exp2f(s[nt][2 + e] * sl2 - lse1);
+        if (mask) {
+          if (key > row0 || key >= T) p0 = 0.f;
+          if (key > row1 || key >= T) p1 = 0.f;
+        }
+        s[nt][e] = p0 * (dp[nt][e] - ds0);
+        s[nt][2 + e] = p1 * (dp[nt][2 + e] - ds1);
+      }
+    /* dQ += dS K (k = the 64 keys of the tile) */
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      uint32_t a[4];
+      c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int d = 0; d < ND; d++) {
+        uint32_t b0, b1;
+        frag_b_kn<LD>(b0, b1, Ks, d * 8, kk * 16, g, t4);
+        mma16816(acc[d], a, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < ND; d++) {
+    const int col = d * 8 + 2 * t4;
+    if (row0 < T) store2<TO>(dq + base + (int64_t)row0 * rs + col, acc[d][0] * scale, acc[d][1] * scale);
+    if (row1 < T) store2<TO>(dq + base + (int64_t)row1 * rs + col, acc[d][2] * scale, acc[d][3] * scale);
+  }
+}
+
+/* dv_j = sum_{i>=j} P_ij dO_i, dk_j = scale sum_{i>=j} dS_ij q_i: block = 64 key rows (the
+ * first key tiles see the most query tiles and are launched first), 4 warps x 16 keys; the
+ * query tiles (NQ rows) stream through smem. smem: K, V (resident, 64 rows), Q, dO (NQ rows),
+ * then lse (log2 units) and Dsum for the NQ queries. */
+template <int DH, int NQ, typename TO>
+__global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
+                                                       const __nv_bfloat16 *k,
+                                                       const __nv_bfloat16 *v,
+                                                       const __nv_bfloat16 *dout,
+                                                       const float *lse, const float *dsum,
+                                                       TO *dk, TO *dv, int T, int H, float scale) {
+  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8, NT = NQ / 8;
+  extern __shared__ __align__(16) unsigned char smraw[];
+  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smraw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD,
+                *Os = Qs + NQ * LD;
+  float *ls = (float *)(Os + NQ * LD), *dss = ls + NQ;
+  const int kb = blockIdx.x * 64;
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  load_rows_bf16<DH, 64>(Ks, k + base, rs, kb, T);
+  load_rows_bf16<DH, 64>(Vs, v + base, rs, kb, T);
+  const int r0 = warp * 16, key0 = kb + r0 + g, key1 = key0 + 8;
+  const float sl2 = scale * LOG2E;
+  float dka[ND][4], dva[ND][4];
+#pragma unroll
+  for (int d = 0; d < ND; d++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dka[d][e] = dva[d][e] = 0.f;
+  for (int qb = kb; qb < T; qb += NQ) {
+    __syncthreads();   /* every warp is done with the previous Q/dO tile */
+    load_rows_bf16<DH, NQ>(Qs, q + base, rs, qb, T);
+    load_rows_bf16<DH, NQ>(Os, dout + base, rs, qb, T);
+    if (threadIdx.x < NQ) {
+      const int i = qb + threadIdx.x;
+      ls[threadIdx.x] = i < T ? lse[(int64_t)bh * T + i] * LOG2E : 0.f;
+      dss[threadIdx.x] = i < T ? dsum[(int64_t)bh * T + i] : 0.f;
+    }
+    __syncthreads();
+    /* uniform per warp: the warp's keys are past T, or every query of the tile precedes them */
+    if (kb + r0 >= T || qb + NQ - 1 < kb + r0) continue;
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < NKS; ks++) {
+      uint32_t ka[4], va[4];
+      frag_a<LD>(ka, Ks, r0, ks * 16, g, t4);
+      frag_a<LD>(va, Vs, r0, ks * 16, g, t4);
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        uint32_t b0, b1;
+        frag_b_nk<LD>(b0, b1, Qs, nt * 8, ks * 16, g, t4);
+        mma16816(s[nt], ka, b0, b1);    /* S^T: rows keys, columns queries */
+        frag_b_nk<LD>(b0, b1, Os, nt * 8, ks * 16, g, t4);
+        mma16816(dp[nt], va, b0, b1);   /* dP^T */
+      }
+    }
+    /* P^T into s, dS^T into dp; masked (causal, queries past T) entries are exactly 0 */
+    const bool mask = qb < kb + 64 || qb + NQ > T;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int c = nt * 8 + 2 * t4 + e, qi = qb + c;
+        const float l = ls[c], dd = dss[c];
+        float p0 = exp2f(s[nt][e] * sl2 - l), p1 = exp2f(s[nt][2 + e] * sl2 - l);
+        if (mask) {
+          if (qi < key0 || qi >= T) p0 = 0.f;
+          if (qi < key1 || qi >= T) p1 = 0.f;
+        }
+        s[nt][e] = p0;
+        s[nt][2 + e] = p1;
+        dp[nt][e] = p0 * (dp[nt][e] - dd);
+        dp[nt][2 + e] = p1 * (dp[nt][2 + e] - dd);
+      }
+    /* dV += P^T dO, dK += dS^T Q (k = the NQ queries of the tile) */
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+      uint32_t pa[4], da[4];
+      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+      c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int d = 0; d < ND; d++) {
+        uint32_t b0, b1;
+        frag_b_kn<LD>(b0, b1, Os, d * 8, kk * 16, g, t4);
+        mma16816(dva[d], pa, b0, b1);
+        frag_b_kn<LD>(b0, b1, Qs, d * 8, kk * 16, g, t4);
+        mma16816(dka[d], da, b0, b1);
+      }
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < ND; d++) {
+    const int col = d * 8 + 2 * t4;
+    if (key0 < T) {
+      store2<TO>(dk + base + (int64_t)key0 * rs + col, dka[d][0] * scale, dka[d][1] * scale);
+      store2<TO>(dv + base + (int64_t)key0 * rs + col, dva[d][0], dva[d][1]);
+    }
+    if (key1 < T) {
+      store2<TO>(dk + base + (int64_t)key1 * rs + col, dka[d][2] * scale, dka[d][3] * scale);
+      store2<TO>(dv + base + (int64_t)key1 * rs + col, dva[d][2], dva[d][3]);
+    }
+  }
+}
+
+/* Query rows per streamed tile in the dk/dv pass: 64 keeps the S/dP fragments at 64 registers;
+ * at Dh 128 the dK and dV accumulators already take 128, so 32 keeps it clear of spills. */
+template <int DH> struct dkdv_nq { static constexpr int value = DH == 64 ? 64 : 32; };
+
+template <int DH, typename TO>
+static int launch_bwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B, TO *out,
+                          int64_t numel) {
+  const __nv_bfloat16 *q = (const __nv_bfloat16 *)a.q, *k = (const __nv_bfloat16 *)a.k,
+                      *v = (const __nv_bfloat16 *)a.v, *dout = (const __nv_bfloat16 *)a.dout;
+  const unsigned tiles = (unsigned)((a.T + 63) / 64), bh = (unsigned)(B * a.H);
+  /* 1. lse and Dsum (the forward, O kept in registers) */
+  size_t smem_f = (size_t)(BQ + 2 * BK) * (DH + 8) * 2;
+  RAISE_SMEM((k_attn_fwd_mma<DH, __nv_bfloat16>), smem_f);
+  k_attn_fwd_mma<DH, __nv_bfloat16><<<dim3(tiles, bh), 128, smem_f, c->stream>>>(
+      q, k, v, (__nv_bfloat16 *)NULL, a.lse, a.T, a.H, a.scale, dout, a.dsum);
+  KC_LAUNCH_CHECK(n, "k_attn_fwd_mma (backward pre-pass)");
+  /* 2. dq */
+  size_t smem_q = (size_t)4 * 64 * (DH + 8) * 2;
+  RAISE_SMEM((k_attn_dq_mma<DH, TO>), smem_q);
+  k_attn_dq_mma<DH, TO><<<dim3(tiles, bh), 128, smem_q, c->stream>>>(
+      q, k, v, dout, a.lse, a.dsum, out, a.T, a.H, a.scale);
+  KC_LAUNCH_CHECK(n, "k_attn_dq_mma");
+  /* 3. dk, dv */
+  constexpr int NQ = dkdv_nq<DH>::value;
+  size_t smem_kv = (size_t)(2 * 64 + 2 * NQ) * (DH + 8) * 2 + 2 * NQ * sizeof(float);
+  RAISE_SMEM((k_attn_dkdv_mma<DH, NQ, TO>), smem_kv);
+  k_attn_dkdv_mma<DH, NQ, TO><<<dim3(tiles, bh), 128, smem_kv, c->stream>>>(
+      q, k, v, dout, a.lse, a.dsum, out + numel, out + 2 * numel, a.T, a.H, a.scale);
+  KC_LAUNCH_CHECK(n, "k_attn_dkdv_mma");
   return 0;
 }
 
@@ -482,10 +801,20 @@ int kc_attention(const kda_exec_node *n, kc_ctx *c) {
   return fwd_any(n, c, a, n->in[0].shape[0]);
 }
 
-/* Backward scratch: O in f32 [B,T,H,Dh], lse and Dsum [B,H,T]. */
+/* The tensor-core backward: every input bf16, Dh 64/128, 16-byte aligned rows, out bf16 or
+ * f32 (KDA_ATTN_SIMPLE=1 forces the SIMT backward). */
+static int bwd_use_mma(const kda_exec_node *n) {
+  attn_io a = io_of(n);
+  a.odt = n->out.dtype;
+  return use_mma(&a) && n->in[3].dtype == KDA_BF16 && !((uintptr_t)n->in[3].data & 15) &&
+         !((uintptr_t)n->out.data & 7);
+}
+
+/* Backward scratch: lse and Dsum [B,H,T] (f32); the SIMT path also recomputes O in f32. */
 int64_t kc_attention_scratch(const kda_exec_node *n) {
   if (n->op != KDA_OP_ATTENTION_BWD) return 0;
   int64_t numel = kc_numel(&n->in[0]), rows = numel / n->in[0].shape[3];
+  if (bwd_use_mma(n)) return 2 * KC_ALIGN(rows * 4);
   return KC_ALIGN(numel * 4) + 2 * KC_ALIGN(rows * 4);
 }
 
@@ -495,6 +824,18 @@ int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c) {
   attn_io a = io_of(n);
   a.dout = n->in[3].data, a.ddt = n->in[3].dtype;
   char *s = (char *)c->scratch;
+  if (bwd_use_mma(n)) {
+    a.lse = (float *)s;
+    a.dsum = (float *)(s + KC_ALIGN(rows * 4));
+    if (n->out.dtype == KDA_BF16) {
+      __nv_bfloat16 *o = (__nv_bfloat16 *)n->out.data;
+      return a.D == 64 ? launch_bwd_mma<64>(n, c, a, B, o, numel)
+                       : launch_bwd_mma<128>(n, c, a, B, o, numel);
+    }
+    float *o = (float *)n->out.data;
+    return a.D == 64 ? launch_bwd_mma<64>(n, c, a, B, o, numel)
+                     : launch_bwd_mma<128>(n, c, a, B, o, numel);
+  }
   float *O32 = (float *)s;
   a.lse = (float *)(s + KC_ALIGN(numel * 4));
   a.dsum = (float *)(s + KC_ALIGN(numel * 4) + KC_ALIGN(rows * 4));

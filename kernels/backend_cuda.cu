@@ -9,6 +9,10 @@
  * eager runs; KDA_CUDA_SYNC=1 synchronises after every eager node so that an asynchronous
  * fault names its node.
  *
+ * Every eager run and capture of a list starts with the refresh of the bf16 shadows of its
+ * f32 GEMM weights (shadow_plan; KDA_NO_SHADOW=1 turns them off) and runs each stretch of
+ * consecutive ADAMW nodes as one multi-tensor launch (kc_adamw_multi).
+ *
  * Scratch: one device buffer shared by every node (they run in order on one stream), sized to
  * the largest need of any list seen. Growing it moves it, so every captured graph is dropped
  * then and captured again; it only happens during the warm-up of a new list.              */
@@ -17,6 +21,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "kda_cuda_api.h"
+#include "kda_cuda.h"
 
 /* ---- global state ------------------------------------------------------------------------ */
 typedef struct graph_entry {
@@ -25,7 +30,7 @@ typedef struct graph_entry {
   cudaGraphExec_t exec;
 } graph_entry;
 
-enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536 };
+enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536, MAX_SHADOWS = 2048 };
 
 static struct {
   int state;                   /* 0 untried, 1 ready, -1 no device */
@@ -39,6 +44,13 @@ static struct {
   int nalloc;
   int64_t cur, peak;
   char name[256];
+  /* bf16 shadows of f32 GEMM operands: a pool of persistent copies (by source pointer and
+   * size, freed with their source) and the active set of the list being run */
+  int no_shadow;
+  kc_shadow pool[MAX_SHADOWS];
+  int npool;
+  kc_shadow act[MAX_SHADOWS];
+  int nact;
 } G;
 
 static const char *op_name(int op) { return kda_op_name(op); }
@@ -83,6 +95,8 @@ static int init_once(void) {
   G.no_graph = e && *e && strcmp(e, "0") != 0;
   e = getenv("KDA_CUDA_SYNC");
   G.sync_each = e && *e && strcmp(e, "0") != 0;
+  e = getenv("KDA_NO_SHADOW");
+  G.no_shadow = e && *e && strcmp(e, "0") != 0;
   cudaDeviceProp prop;
   if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
       cudaStreamCreateWithFlags(&G.ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -142,9 +156,25 @@ static void *cu_alloc(int64_t bytes) {
   return dev_alloc(bytes, "a plan buffer");
 }
 
+static void drop_graphs(void);
+
 static void cu_free(void *p) {
   if (!p || G.state <= 0) return;
   cudaStreamSynchronize(G.ctx.stream);   /* a queued step may still read it */
+  int64_t bytes = 0;
+  for (int i = G.nalloc - 1; i >= 0; i--)
+    if (G.ptr[i] == p) { bytes = G.bytes[i]; break; }
+  /* shadows of anything inside the freed block go with it; a captured graph may still name
+   * them, so every graph is dropped (re-captured after a fresh warm-up: plan teardown only) */
+  for (int i = G.npool - 1; i >= 0; i--) {
+    const char *src = (const char *)G.pool[i].src;
+    if (src >= (const char *)p && src < (const char *)p + bytes) {
+      drop_graphs();
+      untrack(G.pool[i].dst);
+      cudaFree(G.pool[i].dst);
+      G.pool[i] = G.pool[--G.npool];
+    }
+  }
   untrack(p);
   cudaFree(p);
 }
@@ -172,6 +202,7 @@ static int64_t scratch_need(const kda_exec_node *n) {
   case KDA_OP_SUM: case KDA_OP_MEAN: case KDA_OP_SUM_ROWS: case KDA_OP_GRAD_NORM:
     return kc_reduce_scratch(n);
   case KDA_OP_ATTENTION: case KDA_OP_ATTENTION_BWD: return kc_attention_scratch(n);
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return kc_kda_scratch(n);
   default: return 0;
   }
 }
@@ -206,22 +237,92 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_MUON: return kc_muon(n, c);
   case KDA_OP_EMA: return kc_ema(n, c);
   case KDA_OP_RETRACT: return kc_retract(n, c);
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return kc_kda_node(n, c);
   default:
     return kda_set_error("cuda: op %s (node %d) cannot run on the CUDA backend: the plan "
                          "should have resolved it", op_name(n->op), n->id);
   }
 }
 
-static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+/* ---- bf16 shadows of f32 GEMM operands (kernels.h) ------------------------------------- */
+static int writes_range(const kda_exec_node *x, const char *lo, const char *hi) {
+  const char *o = (const char *)x->out.data;
+  int64_t ob = kc_numel(&x->out) * kc_dsize(x->out.dtype);
+  if (o && o < hi && o + ob > lo) return 1;
+  /* in-place optimizers also update their state inputs: ADAMW m, v; MUON the momentum */
+  if (x->op == KDA_OP_ADAMW || x->op == KDA_OP_MUON)
+    for (int j = 2; j < (x->op == KDA_OP_ADAMW ? 4 : 3); j++) {
+      const char *m = (const char *)x->in[j].data;
+      int64_t mb = kc_numel(&x->in[j]) * 4;
+      if (m && m < hi && m + mb > lo) return 1;
+    }
+  return 0;
+}
+
+/* The active set for nodes[0..n): every f32 operand of a mixed GEMM that no earlier node
+ * writes (valid_until = the first node that does, or n). Allocates missing copies, so it runs
+ * before a capture begins, never inside one. */
+static int shadow_plan(const kda_exec_node *nodes, int n) {
+  G.nact = 0;
+  if (G.no_shadow) return 0;
   for (int i = 0; i < n; i++) {
-    if (run_node(&nodes[i], &G.ctx)) return -1;
-    if (G.sync_each && !capturing) {
-      cudaError_t e = cudaStreamSynchronize(G.ctx.stream);
-      if (e != cudaSuccess)
-        return kc_fail(&nodes[i], "kernel (KDA_CUDA_SYNC)", cudaGetErrorString(e), __FILE__,
-                       __LINE__);
+    if (!kc_gemm_mixed(&nodes[i])) continue;
+    for (int j = 0; j < 2; j++) {
+      const kda_tview *t = &nodes[i].in[j];
+      if (t->dtype != KDA_F32) continue;
+      const float *src = (const float *)t->data;
+      int64_t cnt = kc_numel(t);
+      int k;
+      for (k = 0; k < G.nact; k++)
+        if (G.act[k].src == src && G.act[k].n == cnt) break;
+      if (k < G.nact || G.nact == MAX_SHADOWS) continue;   /* known, or table full: convert */
+      int w = 0;
+      const char *lo = (const char *)src, *hi = lo + cnt * 4;
+      while (w < n && !writes_range(&nodes[w], lo, hi)) w++;
+      if (w <= i) continue;   /* written before this first use: per-GEMM rounding */
+      int pi;
+      for (pi = 0; pi < G.npool; pi++)
+        if (G.pool[pi].src == src && G.pool[pi].n == cnt) break;
+      if (pi == G.npool) {
+        if (G.npool == MAX_SHADOWS) continue;
+        void *d = dev_alloc(cnt * 2, "a bf16 weight shadow");
+        if (!d) return -1;
+        kc_shadow *ps = &G.pool[G.npool++];
+        ps->src = src, ps->n = cnt, ps->dst = (__nv_bfloat16 *)d, ps->valid_until = 0;
+      }
+      G.act[G.nact] = G.pool[pi];
+      G.act[G.nact++].valid_until = w;
     }
   }
+  return 0;
+}
+
+static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
+  if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) {
+    kc_gemm_set_shadows(NULL, 0, NULL, 0);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    int used = 1;
+    if (nodes[i].op == KDA_OP_ADAMW) {   /* and the ADAMW nodes right after it: one launch */
+      used = kc_adamw_multi(&nodes[i], n - i, &G.ctx);
+      if (used < 0) { kc_gemm_set_shadows(NULL, 0, NULL, 0); return -1; }
+    } else if (run_node(&nodes[i], &G.ctx)) {
+      kc_gemm_set_shadows(NULL, 0, NULL, 0);
+      return -1;
+    }
+    i += used - 1;
+    if (G.sync_each && !capturing) {
+      cudaError_t e = cudaStreamSynchronize(G.ctx.stream);
+      if (e != cudaSuccess) {
+        kc_gemm_set_shadows(NULL, 0, NULL, 0);
+        return kc_fail(&nodes[i], "kernel (KDA_CUDA_SYNC)", cudaGetErrorString(e), __FILE__,
+                       __LINE__);
+      }
+    }
+  }
+  kc_gemm_set_shadows(NULL, 0, NULL, 0);
   return 0;
 }
 
@@ -307,7 +408,7 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
     if (s > need) need = s;
   }
   if (grow_scratch(need)) return -1;
-  if (G.no_graph) return run_list(nodes, n, 0);
+  if (G.no_graph) return shadow_plan(nodes, n) ? -1 : run_list(nodes, n, 0);
   graph_entry *e = entry_for(key);
   uint64_t sig = list_sig(nodes, n);
   if (e->sig != sig) {         /* a different list under this key: warm up again */
@@ -317,8 +418,8 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
     e->sig = sig;
   }
   e->calls++;
-  if (!e->exec && e->calls == 1) return run_list(nodes, n, 0);   /* warm-up */
-  if (!e->exec && capture(e, nodes, n)) return -1;
+  if (!e->exec && e->calls == 1) return shadow_plan(nodes, n) ? -1 : run_list(nodes, n, 0);   /* warm-up */
+  if (!e->exec && (shadow_plan(nodes, n) || capture(e, nodes, n))) return -1;
   CK(cudaGraphLaunch(e->exec, G.ctx.stream));
   return 0;
 }

@@ -5,10 +5,10 @@
  * column-major matrices of the transposed shape; our transpose flags carry over unchanged.
  *
  * Operand dtypes. Activations are bf16; parameters are f32 master copies. cuBLASLt has no
- * bf16 x f32 product, so an f32 operand beside a bf16 one (x @ W^T with W f32) is rounded to
- * bf16 into scratch by a small kernel right before the product (the cost is one extra read of
- * the weight at 4 B + 2 B written + 2 B read, small beside the GEMM; a per-step bf16 shadow
- * of each weight would save the repeat in forward+backward, a later optimisation). When both
+ * bf16 x f32 product, so an f32 operand beside a bf16 one (x @ W^T with W f32) is read from
+ * its bf16 shadow (refreshed once at the start of the list by backend_cuda.cu, see kernels.h)
+ * when it has a valid one, else rounded to bf16 into scratch by a small kernel right before
+ * the product (an f32 operand written earlier in the same list, KDA_NO_SHADOW=1). When both
  * operands and the output are f32 (rare: tests, small f32 heads) the product is a true fp32
  * GEMM (CUBLAS_COMPUTE_32F, no TF32), so the f32 path agrees with the CPU to ~1e-6.
  * Accumulation is fp32 always; out may be bf16 or f32.
@@ -151,6 +151,88 @@ __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
 static int mixed(const kda_exec_node *n) {
   return !(n->in[0].dtype == KDA_F32 && n->in[1].dtype == KDA_F32 && n->out.dtype == KDA_F32);
 }
+int kc_gemm_mixed(const kda_exec_node *n) { return n->op == KDA_OP_MATMUL && mixed(n); }
+
+/* ---- bf16 shadows (see kernels.h) ----------------------------------------------------------
+ * Why: every x @ W^T and dY @ W with an f32 master weight used to launch k_to_bf16 first (one
+ * launch + 6 B per weight element per product, twice per weight per step). Now one refresh per
+ * list rounds every shadowed weight once. Predicted: -1 launch per weight GEMM (~100 fewer
+ * launches per GPT S step, ~0.2 ms of 9.26 ms) and M=4096 N=3072 K=768 with an f32 weight
+ * from 443 to ~528 TFLOP/s (the bf16-weight rate) whenever the refresh is amortised over the
+ * step — predicted; to be measured. */
+enum { SH_PER_LAUNCH = 96, SH_CHUNK = 8192 };
+struct shadow_batch {
+  int count;
+  int64_t first_block[SH_PER_LAUNCH + 1];   /* prefix sums of ceil(n / SH_CHUNK) */
+  const float *src[SH_PER_LAUNCH];
+  __nv_bfloat16 *dst[SH_PER_LAUNCH];
+  int64_t n[SH_PER_LAUNCH];
+};
+
+/* One block per SH_CHUNK elements of one tensor (chunks never straddle tensors). */
+__global__ void __launch_bounds__(256) k_shadow_refresh(shadow_batch t) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {   /* last e with first_block[e] <= b */
+    int mid = (lo + hi + 1) >> 1;
+    if (t.first_block[mid] <= b) lo = mid; else hi = mid - 1;
+  }
+  const float *x = t.src[lo];
+  __nv_bfloat16 *y = t.dst[lo];
+  const int64_t i0 = (b - t.first_block[lo]) * SH_CHUNK;
+  const int64_t i1 = min(t.n[lo], i0 + (int64_t)SH_CHUNK);
+  if (((uintptr_t)x & 15) == 0) {   /* dst is cudaMalloc'ed; i0 % 4 == 0 keeps both aligned */
+    for (int64_t i = i0 + 4 * threadIdx.x; i < i1; i += 4 * blockDim.x) {
+      if (i + 3 < i1) {
+        float4 v = *(const float4 *)(x + i);
+        *(__nv_bfloat162 *)(y + i) = __floats2bfloat162_rn(v.x, v.y);
+        *(__nv_bfloat162 *)(y + i + 2) = __floats2bfloat162_rn(v.z, v.w);
+      } else {
+        for (int64_t j = i; j < i1; j++) y[j] = __float2bfloat16(x[j]);
+      }
+    }
+  } else {
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) y[i] = __float2bfloat16(x[i]);
+  }
+}
+
+int kc_shadow_refresh(const kc_shadow *s, int ns, kc_ctx *c) {
+  for (int at = 0; at < ns; at += SH_PER_LAUNCH) {
+    shadow_batch t;
+    memset(&t, 0, sizeof t);
+    t.count = ns - at < SH_PER_LAUNCH ? ns - at : SH_PER_LAUNCH;
+    int64_t blocks = 0;
+    for (int e = 0; e < t.count; e++) {
+      t.first_block[e] = blocks;
+      t.src[e] = s[at + e].src, t.dst[e] = s[at + e].dst, t.n[e] = s[at + e].n;
+      blocks += (s[at + e].n + SH_CHUNK - 1) / SH_CHUNK;
+    }
+    t.first_block[t.count] = blocks;
+    if (blocks == 0) continue;
+    k_shadow_refresh<<<(unsigned)blocks, 256, 0, c->stream>>>(t);
+    KC_LAUNCH_CHECK(NULL, "k_shadow_refresh");
+  }
+  return 0;
+}
+
+static const kc_shadow *sh_tab;
+static int sh_n, sh_nodes;
+static const kda_exec_node *sh_base;
+
+void kc_gemm_set_shadows(const kc_shadow *s, int ns, const kda_exec_node *nodes, int nn) {
+  sh_tab = s, sh_n = ns, sh_base = nodes, sh_nodes = nn;
+}
+
+/* The valid bf16 copy of operand t of node n, or NULL. */
+static const __nv_bfloat16 *shadow_of(const kda_exec_node *n, const kda_tview *t) {
+  if (!sh_n || n < sh_base || n >= sh_base + sh_nodes) return NULL;
+  int idx = (int)(n - sh_base);
+  int64_t cnt = kc_numel(t);
+  for (int i = 0; i < sh_n; i++)
+    if (sh_tab[i].src == (const float *)t->data && sh_tab[i].n == cnt)
+      return idx < sh_tab[i].valid_until ? sh_tab[i].dst : NULL;
+  return NULL;
+}
 
 int64_t kc_gemm_scratch(const kda_exec_node *n) {
   if (!mixed(n)) return 0;
@@ -177,6 +259,8 @@ int kc_matmul(const kda_exec_node *n, kc_ctx *c) {
     const void **pp[2] = {&pa, &pb};
     for (int i = 0; i < 2; i++) {
       if (n->in[i].dtype != KDA_F32) continue;
+      const __nv_bfloat16 *sh = shadow_of(n, &n->in[i]);
+      if (sh) { *pp[i] = sh; continue; }   /* refreshed at the start of this list */
       int64_t cnt = kc_numel(&n->in[i]);
       k_to_bf16<<<kc_blocks((cnt + 3) / 4, 256, 4096), 256, 0, c->stream>>>(
           (const float *)n->in[i].data, (__nv_bfloat16 *)s, cnt);

@@ -1,6 +1,8 @@
 /* kda_cuda.cu — CUDA KDA: chunked forward / backward (KDA.md §3, §4) and the recurrent decode
- * (§5). Version 1: correctness first. Every step mirrors core/kda_ref.c; all internals are fp32
- * (bf16 only at the interface), scalar CUDA-core arithmetic, fp32 scratch in global memory.
+ * (§5). Two versions of the chunked kernels share one fp32 scratch layout:
+ *   version 2 (default): tensor-core MMAs for every GEMM-shaped step — see "version 2" below;
+ *   version 1 (KDA_KDA_SIMPLE=1, and the fallback when v2's tiles do not fit in shared
+ *   memory): every step mirrors core/kda_ref.c in scalar fp32, described here.
  *
  * Pipeline (one value head h, chunk = C rows, tokens tt = absolute rows of the B*T axis):
  *   k_chunks     1 block: chunk table (seq, first token, rows) from cu_seqlens or B, T
@@ -23,6 +25,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include "kda_cuda.h"
 
 extern "C" int kda_set_error(const char *fmt, ...);
@@ -76,6 +80,8 @@ struct ws {
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
   float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk */
+  float *dgn;       /* [NTu, HV, K] rowsum_V(S0 . dSe) per chunk (tensor-core path) */
+  float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
 };
 
 static int64_t n_seq(const kda_kda_args *a) { return a->cu_seqlens ? a->nseq : a->B; }
@@ -108,6 +114,8 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w)
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
     w->db = (float *)take(TH * 4);
     w->h = (float *)take(NTu * a->HV * K * V * 4), w->dh = (float *)take(NTu * a->HV * K * V * 4);
+    w->dgn = (float *)take(NTu * a->HV * K * 4);
+    w->gpart = (float *)take(NTu * a->HV * (K + 1) * 4);
   }
   return off;
 }
@@ -451,17 +459,21 @@ __global__ void k_bwd_mat(kp p, const void *v, const void *dout, void *dv, ws w)
     float acc = 0;
     for (int i = j; i < n; i++) acc += Ms[i * CP + j] * w.dvn[ROW(i) * V + c];
     stb(dv, ROW(j) * V + c, w.b[ROW(j)] * acc);
-    atomicAdd(&dbs[j], acc * ldb(v, ROW(j) * V + c));
+    w.vn[ROW(j) * V + c] = acc * ldb(v, ROW(j) * V + c);  /* vn is dead: keep the product */
   }
   for (int64_t e = tid; e < n * K; e += NT) {       /* dKb = M^T dW; dbeta += dKb . k e^G */
     int64_t j = e / K, d = e % K;
     float acc = 0;
     for (int i = j; i < n; i++) acc += Ms[i * CP + j] * w.dW[ROW(i) * K + d];
     w.dKb[ROW(j) * K + d] = acc;
-    atomicAdd(&dbs[j], acc * w.kn[ROW(j) * K + d] * __expf(w.G[ROW(j) * K + d]));
   }
   __syncthreads();
-  for (int r = tid; r < n; r += NT) w.db[ROW(r)] = dbs[r];
+  for (int r = tid; r < n; r += NT) {               /* dbeta (WY part), fixed order: no atomics */
+    float acc = 0;
+    for (int64_t c = 0; c < V; c++) acc += w.vn[ROW(r) * V + c];
+    for (int64_t d = 0; d < K; d++) acc += w.dKb[ROW(r) * K + d] * w.kn[ROW(r) * K + d] * __expf(w.G[ROW(r) * K + d]);
+    w.db[ROW(r)] = acc;
+  }
 }
 
 /* intra-chunk terms, dG and its reverse cumsum, gate and beta chains. One thread per column d
@@ -514,7 +526,7 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
         dk += col, dG -= kr * col;
       }
       w.dQ[ir] = dq, w.dKi[ir] = dk, w.dW[ir] = dG; /* dQ, dKi now hold the totals; dW holds dG */
-      atomicAdd(&dbs[r], dbp);
+      w.dKb[ir] = dbp;                               /* dKb read above: reuse for dbeta terms */
     }
     float acc = 0, ddt = 0;                          /* reverse cumsum + gate chain (§2.1) */
     for (int r = n - 1; r >= 0; r--) {
@@ -534,13 +546,14 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
       }
       stb(dg, ir, dx);
     }
-    if (p.gate_mode && ddt_bias) atomicAdd(&ddt_bias[h * K + d], ddt);
+    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] = ddt;   /* reduced by k_gate_reduce */
   }
   dAl = block_sum(dAl, red);
-  if (tid == 0 && p.gate_mode && dA_log) atomicAdd(&dA_log[h], dAl);
+  if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
   __syncthreads();
   for (int r = tid; r < n; r += blockDim.x) {        /* beta chain (§2.2) */
     float db = dbs[r], x = ldb(beta, ROW(r));
+    for (int64_t d = 0; d < K; d++) db += w.dKb[ROW(r) * K + d];   /* fixed order */
     if (p.beta_mode) {
       float s = sigm(x);
       db *= (p.beta_mode == 2 ? 2.f : 1.f) * s * (1 - s);
@@ -645,6 +658,678 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
   st_store(p, state, sbase, c0, S);
 }
 
+/* ==== version 2: tensor cores (mma.sync) ====================================================
+ * Same scratch interface as version 1 (fp32 rows in ws), so each v2 kernel replaces its v1
+ * twin one for one; KDA_KDA_SIMPLE=1 (or a shape whose tiles do not fit in shared memory)
+ * selects version 1 for the whole call. What changes:
+ *   - every GEMM-shaped step is a block of warp MMAs (mma_blk below): bf16 m16n8k16 with fp32
+ *     accumulation for the big products (W S, qg S + Aqk Vn, kg^T Vn, M Kb, M bV, the
+ *     backward's dO S0^T, Vn dS^T, dVn S0^T, dO Vn^T, dM, M^T dVn, M^T dW, Aqk^T dO + kg dS,
+ *     qg^T dO - W^T dVn) — the operand rounding fla uses (KDA.md §3.3 item 3);
+ *   - tf32 m16n8k8 where fla keeps fp32 operands: the factored off-diagonal blocks of Aqk, L
+ *     and of the intra backward, and the dL = -M^T (dM M^T) chain (KDA.md §4.3 "must not be
+ *     rounded to bf16");
+ *   - the 16-row sub-chunk trick (KDA.md §3.3 item 2): an off-diagonal 16x16 block (I > J) is
+ *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
+ *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
+ *     diagonal blocks keep the exact per-pair e^{G_i - G_j} (scalar, 16x16/2 pairs each);
+ *   - fp32 stays where the spec keeps it: G (cumsum), the state S and dS (rounded to bf16
+ *     only as an MMA operand), M's forward substitution, all accumulators;
+ *   - dA_log / ddt_bias: per-chunk partials + k_gate_reduce (fixed order; no float atomics),
+ *     dbeta by warp-per-row fixed-order sums: the backward is bit-reproducible.
+ * Predicted (to be measured): the state passes move from scalar K-long dot products with
+ * global loads per FMA to staged tiles + MMAs (~20-50x on k_state_*); k_intra's per-pair
+ * exp over all C^2/2 pairs x K drops to the diagonal blocks (~4x fewer exp) plus MMAs; the
+ * backward's k_bwd_rows / k_bwd_mat / k_bwd_final (scalar, global loads in inner loops, one
+ * thread per column for all C^2 pairs) become MMAs: overall fwd+bwd (8,2048,16,128) from
+ * 109 ms to ~5-10 ms; the §8 target (1.9 ms) needs bf16 scratch and fused kernels (next). */
+
+static __device__ __forceinline__ uint32_t pk_bf2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);      /* .x (low half) = lo */
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+enum { P_BF16 = 0, P_TF32 = 1 };
+
+/* C[i][j] = sum_{k < Kd} A(i,k) B(k,j) for i < M, j < N, handed to E(i, j, c) once each.
+ * M % 16 == 0, N % 8 == 0, Kd % 16 == 0; the accessors return fp32 and must return 0 past the
+ * real extents (callers zero-pad their shared tiles). Warp w owns the 16x8 tiles t with
+ * t % nwarps == w, so two calls with the same (M, N) give every element the same thread: an
+ * epilogue may read-modify-write what an earlier such call wrote without a barrier.
+ * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16) and mma.m16n8k8 (.tf32), g = lane/4,
+ * t = lane%4. Operands come from shared memory by scalar loads (no ldmatrix: the tiles have
+ * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.         */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk(int M, int N, int Kd, FA A, FB B, FE E) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 3, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+    for (int k0 = 0; k0 < Kd; k0 += 16) {
+      if (P == P_BF16) {
+        int ka = k0 + 2 * t;
+        uint32_t a0 = pk_bf2(A(i0 + g, ka), A(i0 + g, ka + 1));
+        uint32_t a1 = pk_bf2(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1));
+        uint32_t a2 = pk_bf2(A(i0 + g, ka + 8), A(i0 + g, ka + 9));
+        uint32_t a3 = pk_bf2(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9));
+        uint32_t b0 = pk_bf2(B(ka, j0 + g), B(ka + 1, j0 + g));
+        uint32_t b1 = pk_bf2(B(ka + 8, j0 + g), B(ka + 9, j0 + g));
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 16; kk += 8) {
+          int ka = k0 + kk + t;
+          uint32_t a0 = to_tf32(A(i0 + g, ka)), a1 = to_tf32(A(i0 + g + 8, ka));
+          uint32_t a2 = to_tf32(A(i0 + g, ka + 4)), a3 = to_tf32(A(i0 + g + 8, ka + 4));
+          uint32_t b0 = to_tf32(B(ka, j0 + g)), b1 = to_tf32(B(ka + 4, j0 + g));
+          asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+                       "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                       : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+      }
+    }
+    E(i0 + g, j0 + 2 * t, c0);
+    E(i0 + g, j0 + 2 * t + 1, c1);
+    E(i0 + g + 8, j0 + 2 * t, c2);
+    E(i0 + g + 8, j0 + 2 * t + 1, c3);
+  }
+}
+
+static __host__ __device__ __forceinline__ int r16(int64_t x) { return (int)((x + 15) / 16 * 16); }
+typedef __nv_bfloat16 sbf;   /* bf16 shared tiles (pure MMA operands) */
+static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
+
+/* ---- v2 intra-chunk: G, Aqk, L (factored tf32 MMAs + exact diagonal blocks), M, W, U ------ */
+/* smem (floats): q/X/V region, k, G [C][KS]; A, L, M [C][CS]; b [C] */
+static size_t smem_intra_tc(int64_t C, int64_t K, int64_t V) {
+  int64_t KS = r16(K) + 4, VS = r16(V) + 4, CS = C + 4;
+  int64_t reg = (2 * C + 32) * KS > C * VS ? (2 * C + 32) * KS : C * VS;
+  return (size_t)(reg + 2 * C * KS + 3 * C * CS + C) * 4;
+}
+
+__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
+  extern __shared__ float sm[];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
+  int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
+  float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
+  float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS, *Ms = Ls + C * CS,
+        *bs = Ms + C * CS;
+  int tid = threadIdx.x;
+#define ROWI(i) (((t0 + (i)) * HV + h))
+  for (int e = tid; e < C * K16; e += NT) {
+    int r = e / K16, d = e % K16;
+    bool ok = r < n && d < K;
+    int64_t gi = ROWI(r) * K + d;
+    qs[r * KS + d] = ok ? w.qn[gi] : 0.f, ks[r * KS + d] = ok ? w.kn[gi] : 0.f;
+    Gs[r * KS + d] = ok ? w.G[gi] : 0.f;
+  }
+  for (int e = tid; e < C * CS; e += NT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
+  for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  __syncthreads();
+  for (int d = tid; d < K16; d += NT) {            /* cumsum; pad rows repeat the last value so
+                                                      that every factor exponent stays <= 0 */
+    float acc = 0;
+    for (int r = 0; r < C; r++) {
+      if (r < n) acc += Gs[r * KS + d];
+      Gs[r * KS + d] = acc;
+      if (r < n && d < K) w.G[ROWI(r) * K + d] = acc;
+    }
+  }
+  __syncthreads();
+  /* diagonal 16x16 blocks: exact per-pair exponent (any decay) */
+  for (int e = tid; e < (C / 16) * 256; e += NT) {
+    int I = e >> 8, i = 16 * I + ((e >> 4) & 15), j = 16 * I + (e & 15);
+    if (j > i || i >= n) continue;
+    float aq = 0, ak = 0;
+    for (int d = 0; d < K; d++) {
+      float x = __expf(Gs[i * KS + d] - Gs[j * KS + d]) * ks[j * KS + d];
+      aq += qs[i * KS + d] * x, ak += ks[i * KS + d] * x;
+    }
+    As[i * CS + j] = p.scale * aq;
+    if (j < i) Ls[i * CS + j] = bs[i] * ak;
+  }
+  /* off-diagonal: rows of block I against all columns j < r = 16 I, factored around row r */
+  for (int I = 1; I < C / 16 && 16 * I < n; I++) {
+    int r = 16 * I;
+    __syncthreads();
+    for (int e = tid; e < r * K16; e += NT) {      /* X[j] = k_j e^{G_r - G_j}, j < r */
+      int j = e / K16, d = e % K16;
+      X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
+    }
+    for (int e = tid; e < 16 * K16; e += NT) {     /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
+      int ii = e / K16, d = e % K16, i = r + ii;
+      float s = __expf(Gs[i * KS + d] - Gs[r * KS + d]);
+      Y[ii * KS + d] = qs[i * KS + d] * s, Y[(16 + ii) * KS + d] = ks[i * KS + d] * s;
+    }
+    __syncthreads();
+    mma_blk<P_TF32>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
+                    [&](int d, int j) { return X[j * KS + d]; },
+                    [&](int ii, int j, float c) {
+                      int i = r + (ii & 15);
+                      if (i >= n) return;
+                      if (ii < 16) As[i * CS + j] = p.scale * c;
+                      else Ls[i * CS + j] = bs[i] * c;
+                    });
+  }
+  __syncthreads();
+  for (int i = 0; i < n; i++) {                    /* M = (I + L)^-1, forward substitution (fp32) */
+    for (int j = tid; j <= i; j += NT) {
+      float acc = 0;
+      for (int m = j; m < i; m++) acc += Ls[i * CS + m] * Ms[m * CS + j];
+      Ms[i * CS + j] = j < i ? -acc : 1.f;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < n * C; e += NT) {
+    int i = e / C, j = e % C;
+    w.Aqk[ROWI(i) * C + j] = As[i * CS + j];       /* zero above the diagonal and past n */
+    w.M[ROWI(i) * C + j] = Ms[i * CS + j];
+  }
+  for (int e = tid; e < n * K; e += NT) {          /* kg, qg */
+    int r = e / K, d = e % K;
+    float G = Gs[r * KS + d], Gn = Gs[(n - 1) * KS + d];
+    w.kg[ROWI(r) * K + d] = ks[r * KS + d] * __expf(Gn - G);
+    w.qg[ROWI(r) * K + d] = qs[r * KS + d] * __expf(G);
+  }
+  __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
+  for (int e = tid; e < C * K16; e += NT) {        /* ks <- Kb = b k e^G */
+    int r = e / K16, d = e % K16;
+    ks[r * KS + d] *= bs[r] * __expf(Gs[r * KS + d]);
+  }
+  for (int e = tid; e < C * V16; e += NT) {        /* Vb = b V */
+    int r = e / V16, c = e % V16;
+    Vb[r * VS + c] = r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
+  }
+  __syncthreads();
+  mma_blk<P_BF16>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+                  [&](int j, int d) { return ks[j * KS + d]; },
+                  [&](int i, int d, float c) { if (i < n && d < K) w.W[ROWI(i) * K + d] = c; });
+  mma_blk<P_BF16>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+                  [&](int j, int c) { return Vb[j * VS + c]; },
+                  [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
+#undef ROWI
+}
+
+/* ---- v2 state passes: per (sequence, head, 32 V columns), staged bf16 tiles + MMAs -------- */
+#define BVT 32
+/* smem: W, qg (x scale), kg [C][KB] bf16; Aqk [C][CB] bf16; then fp32: S [K16][BVT+4],
+ * Vn/U [C][BVT+4], dO [C][BVT+4], dVn [C][BVT+4], en [K16] */
+static size_t smem_state_tc(int64_t C, int64_t K) {
+  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4;
+  return (size_t)(3 * C * KB + C * CB) * 2 + (size_t)(r16(K) * SB + 3 * C * SB + r16(K)) * 4;
+}
+
+struct st_tiles {
+  sbf *W, *qg, *kg, *A;
+  float *S, *Vn, *dO, *dV, *en;
+  int KB, CB, SB, K16;
+};
+static __device__ st_tiles st_carve(const kp &p, float *sm) {
+  st_tiles t;
+  t.K16 = r16(p.K), t.KB = t.K16 + 8, t.CB = p.C + 8, t.SB = BVT + 4;
+  sbf *b = (sbf *)sm;
+  t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
+  t.S = (float *)(t.A + p.C * t.CB);
+  t.Vn = t.S + t.K16 * t.SB, t.dO = t.Vn + p.C * t.SB, t.dV = t.dO + p.C * t.SB, t.en = t.dV + p.C * t.SB;
+  return t;
+}
+/* stage chunk rows [t0, t0+m) of W, s qg, kg, Aqk (bf16, zero-padded) and e^{G_last} */
+static __device__ void st_stage(const kp &p, const ws &w, const st_tiles &t, int64_t t0, int m, int64_t h) {
+  int64_t K = p.K, HV = p.HV, C = p.C;
+  for (int e = threadIdx.x; e < C * t.K16; e += NT) {
+    int i = e / t.K16, d = e % t.K16;
+    bool ok = i < m && d < K;
+    int64_t gi = ((t0 + i) * HV + h) * K + d;
+    t.W[i * t.KB + d] = __float2bfloat16(ok ? w.W[gi] : 0.f);
+    t.qg[i * t.KB + d] = __float2bfloat16(ok ? p.scale * w.qg[gi] : 0.f);
+    t.kg[i * t.KB + d] = __float2bfloat16(ok ? w.kg[gi] : 0.f);
+  }
+  for (int e = threadIdx.x; e < C * C; e += NT) {
+    int i = e / C, j = e % C;
+    t.A[i * t.CB + j] = __float2bfloat16(i < m ? w.Aqk[((t0 + i) * HV + h) * C + j] : 0.f);
+  }
+  for (int d = threadIdx.x; d < t.K16; d += NT)
+    t.en[d] = d < K ? __expf(w.G[((t0 + m - 1) * HV + h) * K + d]) : 0.f;
+}
+static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles &t) {
+  for (int e = threadIdx.x; e < t.K16 * BVT; e += NT) {
+    int d = e / BVT, c = e % BVT;
+    t.S[d * t.SB + c] = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
+  }
+}
+static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles &t) {
+  for (int e = threadIdx.x; e < p.K * BVT; e += NT) {
+    int d = e / BVT, c = e % BVT;
+    if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
+  }
+}
+/* Vn = U - W S  (U staged into t.Vn first); vn != NULL also stores it */
+static __device__ void st_vn_tc(const kp &p, const ws &w, const st_tiles &t, int64_t t0, int m,
+                                int64_t h, int64_t c0, float *vn) {
+  mma_blk<P_BF16>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
+                  [&](int d, int c) { return t.S[d * t.SB + c]; },
+                  [&](int i, int c, float x) {
+                    float u = i < m && c0 + c < p.V ? w.U[((t0 + i) * p.HV + h) * p.V + c0 + c] : 0.f;
+                    t.Vn[i * t.SB + c] = u - x;
+                    if (vn && i < m && c0 + c < p.V) vn[((t0 + i) * p.HV + h) * p.V + c0 + c] = u - x;
+                  });
+}
+/* S <- e^{G_last} S + kg^T Vn */
+static __device__ void st_upd_tc(const kp &p, const st_tiles &t) {
+  mma_blk<P_BF16>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
+                  [&](int i, int c) { return t.Vn[i * t.SB + c]; },
+                  [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+}
+
+__global__ void __launch_bounds__(NT) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
+  extern __shared__ float sm[];
+  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV;
+  st_tiles t = st_carve(p, sm);
+  int64_t sbase = (n * HV + h) * p.K * V;
+  st_ld(p, h0, sbase, c0, t);
+  for (int ci = w.sfirst[n]; ci < w.sfirst[n + 1]; ci++) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();                               /* previous update done with the tiles */
+    st_stage(p, w, t, t0, m, h);
+    __syncthreads();
+    st_vn_tc(p, w, t, t0, m, h, c0, nullptr);
+    __syncthreads();
+    /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
+    mma_blk<P_BF16>(p.C, BVT, t.K16 + p.C,
+                    [&](int i, int k) { return k < t.K16 ? f(t.qg[i * t.KB + k]) : f(t.A[i * t.CB + k - t.K16]); },
+                    [&](int k, int c) { return k < t.K16 ? t.S[k * t.SB + c] : t.Vn[(k - t.K16) * t.SB + c]; },
+                    [&](int i, int c, float x) { if (i < m && c0 + c < V) stb(o, ((t0 + i) * HV + h) * V + c0 + c, x); });
+    __syncthreads();
+    st_upd_tc(p, t);
+  }
+  __syncthreads();
+  if (ht) st_st(p, ht, sbase, c0, t);
+}
+
+__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+                                                     const float *dht, float *dh0) {
+  extern __shared__ float sm[];
+  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, K = p.K, V = p.V, HV = p.HV, C = p.C;
+  st_tiles t = st_carve(p, sm);
+  int64_t sbase = (n * HV + h) * K * V;
+  int cf = w.sfirst[n], cl = w.sfirst[n + 1];
+  st_ld(p, h0, sbase, c0, t);
+  for (int ci = cf; ci < cl; ci++) {               /* forward sweep: h[c], Vn */
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();
+    st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_stage(p, w, t, t0, m, h);
+    __syncthreads();
+    st_vn_tc(p, w, t, t0, m, h, c0, w.vn);
+    __syncthreads();
+    st_upd_tc(p, t);
+  }
+  __syncthreads();
+  st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
+  for (int ci = cl - 1; ci >= cf; ci--) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();
+    st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_stage(p, w, t, t0, m, h);
+    for (int e = threadIdx.x; e < C * BVT; e += NT) {
+      int i = e / BVT, c = e % BVT;
+      t.dO[i * t.SB + c] = i < m && c0 + c < V ? ldb(dout, ((t0 + i) * HV + h) * V + c0 + c) : 0.f;
+    }
+    __syncthreads();
+    /* dVn = [Aqk^T | kg] [dO ; dS] */
+    mma_blk<P_BF16>(p.C, BVT, p.C + t.K16,
+                    [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
+                    [&](int k, int c) { return k < p.C ? t.dO[k * t.SB + c] : t.S[(k - p.C) * t.SB + c]; },
+                    [&](int j, int c, float x) {
+                      t.dV[j * t.SB + c] = x;
+                      if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
+                    });
+    __syncthreads();
+    /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
+    mma_blk<P_BF16>(t.K16, BVT, 2 * p.C,
+                    [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
+                    [&](int k, int c) { return k < p.C ? t.dO[k * t.SB + c] : t.dV[(k - p.C) * t.SB + c]; },
+                    [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+  }
+  __syncthreads();
+  if (dh0) st_st(p, dh0, sbase, c0, t);
+}
+
+/* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
+/* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
+ * smem bf16: S0, dS [K16][VB]; dO, Vn, dVn [C][VB] */
+static size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {
+  return (size_t)(2 * r16(K) + 3 * C) * (r16(V) + 8) * 2;
+}
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w) {
+  extern __shared__ float sm[];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8;
+  sbf *S0 = (sbf *)sm, *dS = S0 + K16 * VB, *dO = dS + K16 * VB, *Vn = dO + C * VB, *dV = Vn + C * VB;
+  const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
+  const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
+#define ROWI(i) (((t0 + (i)) * HV + h))
+  for (int e = threadIdx.x; e < K16 * V16; e += NT) {
+    int d = e / V16, c = e % V16;
+    bool ok = d < K && c < V;
+    S0[d * VB + c] = __float2bfloat16(ok ? gS0[d * V + c] : 0.f);
+    dS[d * VB + c] = __float2bfloat16(ok ? gdS[d * V + c] : 0.f);
+  }
+  for (int e = threadIdx.x; e < C * V16; e += NT) {
+    int i = e / V16, c = e % V16;
+    bool ok = i < n && c < V;
+    dO[i * VB + c] = __float2bfloat16(ok ? ldb(dout, ROWI(i) * V + c) : 0.f);
+    Vn[i * VB + c] = __float2bfloat16(ok ? w.vn[ROWI(i) * V + c] : 0.f);
+    dV[i * VB + c] = __float2bfloat16(ok ? w.dvn[ROWI(i) * V + c] : 0.f);
+  }
+  /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree */
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int64_t d = wp; d < K; d += NT / 32) {
+    float acc = 0;
+    for (int64_t c = lane; c < V; c += 32) acc += gS0[d * V + c] * gdS[d * V + c];
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (!lane) w.dgn[((int64_t)blockIdx.x * HV + h) * K + d] = acc;
+  }
+  __syncthreads();
+  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                  [&](int c, int d) { return f(S0[d * VB + c]); },
+                  [&](int i, int d, float x) {
+                    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(w.G[ROWI(i) * K + d]);
+                  });
+  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(Vn[i * VB + c]); },
+                  [&](int c, int d) { return f(dS[d * VB + c]); },
+                  [&](int i, int d, float x) {
+                    if (i < n && d < K)
+                      w.dKi[ROWI(i) * K + d] = x * __expf(w.G[ROWI(n - 1) * K + d] - w.G[ROWI(i) * K + d]);
+                  });
+  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dV[i * VB + c]); },
+                  [&](int c, int d) { return f(S0[d * VB + c]); },
+                  [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
+#undef ROWI
+}
+
+/* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
+ * smem bf16: dO, Vn, dVn, bV [C][VB]; dW, Kb [C][KB]; fp32: M, dM, X [C][CS] */
+static size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {
+  return (size_t)(4 * C * (r16(V) + 8) + 2 * C * (r16(K) + 8)) * 2 + (size_t)(3 * C * (C + 4)) * 4;
+}
+__global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  extern __shared__ float sm[];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, KB = K16 + 8, CS = C + 4;
+  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS;
+  sbf *dO = (sbf *)(X + C * CS), *Vn = dO + C * VB, *dVs = Vn + C * VB, *bV = dVs + C * VB,
+      *dWs = bV + C * VB, *Kb = dWs + C * KB;
+#define ROWI(i) (((t0 + (i)) * HV + h))
+  for (int e = threadIdx.x; e < C * V16; e += NT) {
+    int i = e / V16, c = e % V16;
+    bool ok = i < n && c < V;
+    dO[i * VB + c] = __float2bfloat16(ok ? ldb(dout, ROWI(i) * V + c) : 0.f);
+    Vn[i * VB + c] = __float2bfloat16(ok ? w.vn[ROWI(i) * V + c] : 0.f);
+    dVs[i * VB + c] = __float2bfloat16(ok ? w.dvn[ROWI(i) * V + c] : 0.f);
+    bV[i * VB + c] = __float2bfloat16(ok ? w.b[ROWI(i)] * ldb(v, ROWI(i) * V + c) : 0.f);
+  }
+  for (int e = threadIdx.x; e < C * K16; e += NT) {
+    int i = e / K16, d = e % K16;
+    bool ok = i < n && d < K;
+    int64_t gi = ROWI(i) * K + d;
+    dWs[i * KB + d] = __float2bfloat16(ok ? w.dW[gi] : 0.f);
+    Kb[i * KB + d] = __float2bfloat16(ok ? w.b[ROWI(i)] * w.kn[gi] * __expf(w.G[gi]) : 0.f);
+  }
+  for (int e = threadIdx.x; e < C * C; e += NT) {
+    int i = e / C, j = e % C;
+    Ms[i * CS + j] = i < n ? w.M[ROWI(i) * C + j] : 0.f;
+  }
+  __syncthreads();
+  /* dA = s tril(dO Vn^T) */
+  mma_blk<P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                  [&](int c, int j) { return f(Vn[j * VB + c]); },
+                  [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+  /* dM = strict-tril([dVn | dW] [bV | Kb]^T) */
+  mma_blk<P_BF16>(C, C, V16 + K16,
+                  [&](int i, int k) { return k < V16 ? f(dVs[i * VB + k]) : f(dWs[i * KB + k - V16]); },
+                  [&](int k, int j) { return k < V16 ? f(bV[j * VB + k]) : f(Kb[j * KB + k - V16]); },
+                  [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
+  __syncthreads();
+  /* X = dM M^T (tf32: the dL chain stays close to fp32) */
+  mma_blk<P_TF32>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; },
+                  [&](int m, int j) { return Ms[j * CS + m]; },
+                  [&](int i, int j, float x) { X[i * CS + j] = x; });
+  __syncthreads();
+  /* dL = -strict-tril(M^T X) */
+  mma_blk<P_TF32>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
+                  [&](int m, int j) { return X[m * CS + j]; },
+                  [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
+  /* dv = b (M^T dVn); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
+  mma_blk<P_BF16>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+                  [&](int i, int c) { return f(dVs[i * VB + c]); },
+                  [&](int j, int c, float x) {
+                    if (j < n && c < V) {
+                      stb(dv, ROWI(j) * V + c, w.b[ROWI(j)] * x);
+                      w.vn[ROWI(j) * V + c] = x * ldb(v, ROWI(j) * V + c);
+                    }
+                  });
+  /* dKb = M^T dW */
+  mma_blk<P_BF16>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+                  [&](int i, int d) { return f(dWs[i * KB + d]); },
+                  [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
+  __syncthreads();                                 /* global writes above visible to the block */
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int j = wp; j < n; j += NT / 32) {          /* dbeta_WY: fixed-order warp sums */
+    float acc = 0;
+    for (int64_t c = lane; c < V; c += 32) acc += w.vn[ROWI(j) * V + c];
+    for (int64_t d = lane; d < K; d += 32) {
+      int64_t gi = ROWI(j) * K + d;
+      acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (!lane) w.db[ROWI(j)] = acc;
+  }
+#undef ROWI
+}
+
+/* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
+ * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C]; dGn [K16] */
+static size_t smem_final_tc(int64_t C, int64_t K) {
+  int64_t KS = r16(K) + 4;
+  return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32) * 4;
+}
+__global__ void __launch_bounds__(NT) k_bwd_final_tc(kp p, const void *g, const void *beta,
+                                                     const float *A_log, const float *dt_bias,
+                                                     void *dg, void *dbeta, ws w) {
+  extern __shared__ float sm[];
+  __shared__ float red[32];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
+  int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
+  float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
+        *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C;
+#define ROWI(i) (((t0 + (i)) * HV + h))
+  for (int e = tid; e < C * K16; e += NT) {
+    int r = e / K16, d = e % K16;
+    int rr = r < n ? r : n - 1;                     /* pad rows repeat the last G: exponents <= 0 */
+    bool ok = r < n && d < K;
+    int64_t gi = ROWI(r) * K + d;
+    qs[r * KS + d] = ok ? w.qn[gi] : 0.f, ks[r * KS + d] = ok ? w.kn[gi] : 0.f;
+    Gs[r * KS + d] = d < K ? w.G[ROWI(rr) * K + d] : 0.f;
+  }
+  for (int e = tid; e < C * C; e += NT) {
+    int i = e / C, j = e % C;
+    dAs[i * CS + j] = i < n ? w.dA[ROWI(i) * C + j] : 0.f;
+    dLs[i * CS + j] = i < n ? w.dL[ROWI(i) * C + j] : 0.f;
+  }
+  for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  __syncthreads();
+  for (int d = tid; d < K; d += NT) {               /* dGn with the inter-chunk dKi (before intra) */
+    float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)blockIdx.x * HV + h) * K + d];
+    for (int r = 0; r < n; r++) acc += ks[r * KS + d] * w.dKi[ROWI(r) * K + d];
+    dGn[d] = acc;
+  }
+  __syncthreads();
+  for (int e = tid; e < n * K; e += NT) {           /* inter parts; dW <- dG, dKb <- R = 0 */
+    int i = e / K, d = e % K;
+    int64_t gi = ROWI(i) * K + d;
+    float q = qs[i * KS + d], k = ks[i * KS + d], eg = __expf(Gs[i * KS + d]), b = bs[i];
+    float dkb = w.dKb[gi], dki = w.dKi[gi];
+    w.dW[gi] = q * w.dQ[gi] - k * dki + b * k * eg * dkb;
+    w.dKi[gi] = dki + dkb * b * eg;
+    w.dKb[gi] = 0.f;
+  }
+  __syncthreads();
+  /* diagonal blocks, exact exponent: (i,d) as a row (dq_intra, R) and as a column (dk_col) */
+  for (int e = tid; e < n * K; e += NT) {
+    int i = e / K, d = e % K, I0 = i & ~15;
+    int64_t gi = ROWI(i) * K + d;
+    float Gi = Gs[i * KS + d], q = qs[i * KS + d], k = ks[i * KS + d], dqi = 0, R = 0, col = 0;
+    for (int j = I0; j <= i; j++) {
+      float E = __expf(Gi - Gs[j * KS + d]), kj = ks[j * KS + d] * E;
+      dqi += dAs[i * CS + j] * kj;
+      if (j < i) R += dLs[i * CS + j] * kj;
+    }
+    int iend = I0 + 16 < n ? I0 + 16 : n;
+    for (int r = i; r < iend; r++) {
+      float E = __expf(Gs[r * KS + d] - Gi);
+      col += (dAs[r * CS + i] * qs[r * KS + d] + (r > i ? dLs[r * CS + i] * bs[r] * ks[r * KS + d] : 0.f)) * E;
+    }
+    w.dQ[gi] += dqi;
+    w.dKb[gi] = R;
+    w.dKi[gi] += col;
+    w.dW[gi] += q * dqi - k * col;
+  }
+  /* off-diagonal row terms: block I against columns j < r = 16 I, factored around row r */
+  for (int I = 1; I < C / 16 && 16 * I < n; I++) {
+    int r = 16 * I;
+    __syncthreads();
+    for (int e = tid; e < r * K16; e += NT) {
+      int j = e / K16, d = e % K16;
+      X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
+    }
+    __syncthreads();
+    mma_blk<P_TF32>(32, K16, r,
+                    [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dLs[(r + ii - 16) * CS + j]; },
+                    [&](int j, int d) { return X[j * KS + d]; },
+                    [&](int ii, int d, float x) {
+                      int i = r + (ii & 15);
+                      if (i >= n || d >= K) return;
+                      int64_t gi = ROWI(i) * K + d;
+                      x *= __expf(Gs[i * KS + d] - Gs[r * KS + d]);
+                      if (ii < 16) w.dQ[gi] += x, w.dW[gi] += qs[i * KS + d] * x;
+                      else w.dKb[gi] += x;
+                    });
+  }
+  /* off-diagonal column terms: block J against rows i > r' = 16 J + 15, factored around r' */
+  for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
+    int rp = 16 * J + 15, mrow = n - rp - 1, m16 = r16(mrow);
+    __syncthreads();
+    for (int e = tid; e < m16 * K16; e += NT) {     /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
+      int ii = e / K16, d = e % K16, i = rp + 1 + ii;
+      float s = ii < mrow ? __expf(Gs[i * KS + d] - Gs[rp * KS + d]) : 0.f;
+      X[ii * KS + d] = ii < mrow ? qs[i * KS + d] * s : 0.f;
+      X[(m16 + ii) * KS + d] = ii < mrow ? bs[i] * ks[i * KS + d] * s : 0.f;
+    }
+    __syncthreads();
+    mma_blk<P_TF32>(16, K16, 2 * m16,
+                    [&](int jj, int k) {
+                      int j = 16 * J + jj;
+                      if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                      k -= m16;
+                      return k < mrow ? dLs[(rp + 1 + k) * CS + j] : 0.f;
+                    },
+                    [&](int k, int d) { return X[k * KS + d]; },
+                    [&](int jj, int d, float x) {
+                      int j = 16 * J + jj;
+                      if (j >= n || d >= K) return;
+                      int64_t gj = ROWI(j) * K + d;
+                      x *= __expf(Gs[rp * KS + d] - Gs[j * KS + d]);
+                      w.dKi[gj] += x, w.dW[gj] -= ks[j * KS + d] * x;
+                    });
+  }
+  __syncthreads();
+  int lane = tid & 31, wp = tid >> 5;
+  for (int i = wp; i < n; i += NT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
+    float acc = 0, b = bs[i];
+    for (int d = lane; d < K; d += 32) {
+      int64_t gi = ROWI(i) * K + d;
+      float R = w.dKb[gi], k = ks[i * KS + d];
+      w.dKi[gi] += b * R;
+      w.dW[gi] += k * b * R;
+      acc += k * R;
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (!lane) dbi[i] = acc;
+  }
+  __syncthreads();
+  float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
+  for (int d = tid; d < K; d += NT) {              /* reverse cumsum + gate chain (§2.1) */
+    float acc = 0, ddt = 0;
+    for (int r = n - 1; r >= 0; r--) {
+      int64_t ir = ROWI(r) * K + d;
+      acc += w.dW[ir] + (r == n - 1 ? dGn[d] : 0.f);
+      float dy = acc, dx;
+      if (p.gate_mode == 0) dx = dy;
+      else {
+        float x = ldb(g, ir) + (dt_bias ? dt_bias[h * K + d] : 0.f);
+        if (p.gate_mode == 1) dx = dy * -ea * sigm(x), dAl += dy * -ea * softplus(x);
+        else {
+          float s = sigm(ea * x);
+          dx = dy * p.lb * s * (1 - s) * ea;
+          if (A_log) dAl += dx * x;
+        }
+        ddt += dx;
+      }
+      stb(dg, ir, dx);
+    }
+    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] = ddt;
+  }
+  dAl = block_sum(dAl, red);
+  if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
+  for (int r = tid; r < n; r += NT) {              /* beta chain (§2.2) */
+    float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
+    if (p.beta_mode) {
+      float s = sigm(x);
+      db *= (p.beta_mode == 2 ? 2.f : 1.f) * s * (1 - s);
+    }
+    stb(dbeta, ROWI(r), db);
+  }
+#undef ROWI
+}
+
+/* dA_log[h] and ddt_bias[h,:] = sums of the per-chunk partials in chunk order (deterministic) */
+__global__ void k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_bias) {
+  int64_t h = blockIdx.x, K = p.K, HV = p.HV;
+  int nch = w.sfirst[N];
+  for (int64_t d = threadIdx.x; d <= K; d += blockDim.x) {
+    float s = 0;
+    for (int ci = 0; ci < nch; ci++) s += w.gpart[((int64_t)ci * HV + h) * (K + 1) + d];
+    if (d < K) { if (ddt_bias) ddt_bias[h * K + d] = p.gate_mode ? s : 0.f; }
+    else if (dA_log) dA_log[h] = p.gate_mode ? s : 0.f;
+  }
+}
+
 /* ---- host side --------------------------------------------------------------------------------- */
 
 static kp make_kp(const kda_kda_args *a) {
@@ -695,15 +1380,45 @@ int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
   return ws_layout(a, backward, nullptr, &w);
 }
 
+/* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit
+ * in the device's shared memory (e.g. K = 256 at chunk 64, or V = 256 with K = 128 in the
+ * backward): then version 1 runs the whole call. Read per call, so a test can flip it. */
+static int use_tc(const kda_kda_args *a, int backward) {
+  const char *e = getenv("KDA_KDA_SIMPLE");
+  if (e && *e && strcmp(e, "0") != 0) return 0;
+  int dev, lim;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  size_t need = smem_intra_tc(a->chunk, a->K, a->V);
+  size_t st = smem_state_tc(a->chunk, a->K);
+  if (st > need) need = st;
+  if (backward) {
+    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V), smem_mat_tc(a->chunk, a->K, a->V),
+                   smem_final_tc(a->chunk, a->K)};
+    for (size_t y : x) if (y > need) need = y;
+  }
+  return need <= (size_t)lim;
+}
+
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute) */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
-                 const ws &w, cudaStream_t st, const char *op) {
+                 const ws &w, cudaStream_t st, const char *op, int tc) {
   int64_t NTu = n_chunks_max(a);
   k_chunks<<<1, 32, 0, st>>>(p, NTu, w.ctab, w.sfirst);
   LAUNCH_OK("k_chunks", "kda cuda");
   k_rows<<<dim3((unsigned)(a->B * a->T), (unsigned)a->HV), 128, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   LAUNCH_OK("k_rows", "kda cuda");
+  if (tc) {
+    size_t sm = smem_intra_tc(a->chunk, a->K, a->V);
+    if (smem_opt_in((const void *)k_intra_tc, sm, a, op, "k_intra_tc")) return -1;
+    k_intra_tc<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w);
+    LAUNCH_OK("k_intra_tc", "kda cuda");
+    return 0;
+  }
   size_t sm = smem_intra(a->chunk, a->K);
   if (smem_opt_in((const void *)k_intra, sm, a, op, "k_intra")) return -1;
   k_intra<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w);
@@ -737,7 +1452,16 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (check_ws(a, 0, workspace, workspace_bytes, &w, op)) return -1;
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op)) return -1;
+  int tc = use_tc(a, 0);
+  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc)) return -1;
+  if (tc) {
+    size_t sm = smem_state_tc(a->chunk, a->K);
+    if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
+    dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
+    k_state_fwd_tc<<<grid, NT, sm, st>>>(p, w, h0, o, ht);
+    LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
+    return 0;
+  }
   size_t sm = smem_state(a->chunk, a->K);
   if (smem_opt_in((const void *)k_state_fwd, sm, a, op, "k_state_fwd")) return -1;
   dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BV - 1) / BV));
@@ -762,24 +1486,47 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
   int64_t NTu = n_chunks_max(a);
-  if (dA_log) CUDA_OK(cudaMemsetAsync(dA_log, 0, (size_t)a->HV * 4, st), op);
-  if (ddt_bias) CUDA_OK(cudaMemsetAsync(ddt_bias, 0, (size_t)(a->HV * a->K) * 4, st), op);
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op)) return -1;
-  size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
-  if (smem_opt_in((const void *)k_state_bwd, sm, a, op, "k_state_bwd")) return -1;
-  dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BV - 1) / BV));
-  k_state_bwd<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
-  LAUNCH_OK("k_state_bwd", "kda_kda_cuda_backward");
+  int tc = use_tc(a, 1);
+  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
-  k_bwd_rows<<<gc, NT, 0, st>>>(p, dout, w);
-  LAUNCH_OK("k_bwd_rows", "kda_kda_cuda_backward");
-  sm = smem_mat(a->chunk);
-  if (smem_opt_in((const void *)k_bwd_mat, sm, a, op, "k_bwd_mat")) return -1;
-  k_bwd_mat<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
-  LAUNCH_OK("k_bwd_mat", "kda_kda_cuda_backward");
-  sm = (size_t)(2 * a->chunk * (a->chunk + 1) + 2 * a->chunk) * 4;
-  k_bwd_final<<<gc, 128, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, dA_log, ddt_bias, w);
-  LAUNCH_OK("k_bwd_final", "kda_kda_cuda_backward");
+  if (tc) {
+    size_t sm = smem_state_tc(a->chunk, a->K);
+    if (smem_opt_in((const void *)k_state_bwd_tc, sm, a, op, "k_state_bwd_tc")) return -1;
+    dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
+    k_state_bwd_tc<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
+    LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
+    sm = smem_rows_tc(a->chunk, a->K, a->V);
+    if (smem_opt_in((const void *)k_bwd_rows_tc, sm, a, op, "k_bwd_rows_tc")) return -1;
+    k_bwd_rows_tc<<<gc, NT, sm, st>>>(p, dout, w);
+    LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+    sm = smem_mat_tc(a->chunk, a->K, a->V);
+    if (smem_opt_in((const void *)k_bwd_mat_tc, sm, a, op, "k_bwd_mat_tc")) return -1;
+    k_bwd_mat_tc<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
+    LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
+    sm = smem_final_tc(a->chunk, a->K);
+    if (smem_opt_in((const void *)k_bwd_final_tc, sm, a, op, "k_bwd_final_tc")) return -1;
+    k_bwd_final_tc<<<gc, NT, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
+  } else {
+    size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
+    if (smem_opt_in((const void *)k_state_bwd, sm, a, op, "k_state_bwd")) return -1;
+    dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BV - 1) / BV));
+    k_state_bwd<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
+    LAUNCH_OK("k_state_bwd", "kda_kda_cuda_backward");
+    k_bwd_rows<<<gc, NT, 0, st>>>(p, dout, w);
+    LAUNCH_OK("k_bwd_rows", "kda_kda_cuda_backward");
+    sm = smem_mat(a->chunk);
+    if (smem_opt_in((const void *)k_bwd_mat, sm, a, op, "k_bwd_mat")) return -1;
+    k_bwd_mat<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
+    LAUNCH_OK("k_bwd_mat", "kda_kda_cuda_backward");
+    sm = (size_t)(2 * a->chunk * (a->chunk + 1) + 2 * a->chunk) * 4;
+    k_bwd_final<<<gc, 128, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, dA_log, ddt_bias, w);
+    LAUNCH_OK("k_bwd_final", "kda_kda_cuda_backward");
+  }
+  if (dA_log || ddt_bias) {                        /* per-chunk partials, summed in chunk order */
+    k_gate_reduce<<<(unsigned)a->HV, 128, 0, st>>>(p, w, n_seq(a), dA_log, ddt_bias);
+    LAUNCH_OK("k_gate_reduce", "kda_kda_cuda_backward");
+  }
   k_qk_bwd<<<dim3((unsigned)(a->B * a->T), (unsigned)a->H), 128, 0, st>>>(p, q, k, dq, dk, w);
   LAUNCH_OK("k_qk_bwd", "kda_kda_cuda_backward");
   return 0;

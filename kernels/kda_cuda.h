@@ -8,7 +8,9 @@
  * `stream` (a cudaStream_t; NULL = legacy default), makes no allocation and no host sync, so
  * it can be captured in a CUDA graph. Scratch comes from the caller: `workspace` of at least
  * kda_kda_cuda_workspace_bytes(a, backward) bytes (256-byte aligned).
- * Returns 0, or -1 with kda_last_error() naming the call, the op and the shapes.              */
+ * Returns 0, or -1 with kda_last_error() naming the call, the op and the shapes.
+ * KDA_KDA_SIMPLE=1 (read per call) selects the version-1 scalar kernels instead of the
+ * tensor-core ones. The backward is bit-reproducible (no float atomics).                    */
 #ifndef KDA_CUDA_H
 #define KDA_CUDA_H
 #include <stdint.h>
@@ -44,5 +46,11 @@ int kda_kda_cuda_decode(const kda_kda_args *a, const void *q, const void *k, con
 
 #ifdef __cplusplus
 }
+/* The CUDA backend's KDA ops (kernels/kda_ops.cu): KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D,
+ * KDA_OP_CONV1D_BWD. Same contract as every kc_<op> launcher in kernels/kernels.h. */
+struct kda_exec_node;
+struct kc_ctx;
+int kc_kda_node(const struct kda_exec_node *n, struct kc_ctx *c);
+int64_t kc_kda_scratch(const struct kda_exec_node *n);   /* bytes of c->scratch it needs */
 #endif
 #endif

@@ -165,4 +165,29 @@ int kc_retract(const kda_exec_node *n, kc_ctx *c);
 
 int kc_attention(const kda_exec_node *n, kc_ctx *c);
 int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c);
+
+/* ---- bf16 shadows of f32 GEMM operands (appended) ----------------------------------------
+ * backend_cuda.cu finds, per list, the f32 operands of mixed GEMMs that no earlier node of the
+ * list writes (the f32 master weights), keeps a persistent bf16 copy of each, refreshes all of
+ * them with a few launches at the start of the list (part of the captured graph), and tells
+ * gemm.cu which copies are valid; kc_matmul then reads the copy instead of rounding the
+ * weight into scratch before every product. Same rounding (RN) as before: same bits. */
+typedef struct kc_shadow {
+  const float *src;
+  int64_t n;                 /* elements */
+  __nv_bfloat16 *dst;        /* persistent, n bf16 */
+  int valid_until;           /* node index: the copy equals src for nodes [0, valid_until) */
+} kc_shadow;
+/* The shadows of the list nodes[0..nn) about to run; (NULL, 0, NULL, 0) clears. */
+void kc_gemm_set_shadows(const kc_shadow *s, int ns, const kda_exec_node *nodes, int nn);
+/* dst = bf16(src) for every shadow (ceil(ns / 96) launches; the table rides in the kernel
+ * arguments, so a captured graph needs no device-side table). */
+int kc_shadow_refresh(const kc_shadow *s, int ns, kc_ctx *c);
+/* 1 when n is a MATMUL that rounds its f32 operand(s) to bf16 (a bf16 operand or output). */
+int kc_gemm_mixed(const kda_exec_node *n);
+
+/* ---- multi-tensor AdamW (appended) -------------------------------------------------------
+ * Runs nodes[0] (an ADAMW) and the ADAMW nodes right after it that share its gnorm, state
+ * and betas/eps/clip, in ceil(k / 48) launches; returns how many nodes it ran (>= 1), or -1. */
+int kc_adamw_multi(const kda_exec_node *nodes, int avail, kc_ctx *c);
 #endif

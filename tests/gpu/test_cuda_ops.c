@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "internal.h"
 #include "ops.h"
+#include "../../kernels/kda_cuda_api.h"
 
 static const kda_backend *be;
 static int npass, nfail, next_key = 1000;
@@ -354,6 +355,141 @@ static void attention_cases(void) {
   check(&c);
   opcase d = {"attention_bwd bf16 (1,200,2,128) scale 0.2", KDA_OP_ATTENTION_BWD, T4(q, q, q, q), KDA_BF16, {0}, {0.2f}, 1e-2, 0, {0}, 0, 1};
   check(&d);
+  /* tensor-core backward: T not a multiple of 64 (several key and query tiles), B*H > 1,
+   * out bf16 and f32 (the packed dq,dk,dv), two runs bit-identical */
+  tin q3 = GEN(X(KDA_BF16, 4, 3, 130, 2, 64), G_NORMAL, 1.5f);
+  opcase e = {"attention_bwd bf16 (3,130,2,64) scale 0.15 tensor-core", KDA_OP_ATTENTION_BWD, T4(q3, q3, q3, q3), KDA_BF16, {0}, {0.15f}, 1e-2, 0, {0}, 0, 2};
+  check(&e);
+  opcase f = {"attention_bwd bf16 in, f32 out (3,130,2,64) tensor-core", KDA_OP_ATTENTION_BWD, T4(q3, q3, q3, q3), KDA_F32, {0}, {0}, 1e-2, 0, {0}, 0, 2};
+  check(&f);
+  tin q4 = GEN(X(KDA_BF16, 4, 2, 193, 3, 128), G_NORMAL, 1.0f);
+  opcase g = {"attention_bwd bf16 (2,193,3,128) tensor-core", KDA_OP_ATTENTION_BWD, T4(q4, q4, q4, q4), KDA_BF16, {0}, {0}, 1e-2, 0, {0}, 0, 2};
+  check(&g);
+  opcase h = {"attention_bwd bf16 in, f32 out (2,193,3,128) tensor-core", KDA_OP_ATTENTION_BWD, T4(q4, q4, q4, q4), KDA_F32, {0}, {0}, 1e-2, 0, {0}, 0, 1};
+  check(&h);
+  tin q5 = GEN(X(KDA_BF16, 4, 1, 17, 5, 128), G_NORMAL, 1.0f);
+  opcase i = {"attention_bwd bf16 (1,17,5,128) one partial tile", KDA_OP_ATTENTION_BWD, T4(q5, q5, q5, q5), KDA_BF16, {0}, {0}, 1e-2, 0, {0}, 0, 1};
+  check(&i);
+}
+
+/* ---- several ADAMW nodes in one list: the multi-tensor launch against the CPU, per tensor --
+ * Three parameters (sizes across the 4096-element chunk edge, one with no weight decay)
+ * sharing gnorm and state, plus a fourth with another gnorm (a separate launch). */
+static void adamw_multi_checks(void) {
+  enum { NP = 4 };
+  int64_t sz[NP] = {2310, 4096, 9001, 77};
+  float wd[NP] = {0.1f, 0.0f, 0.1f, 0.1f};
+  float gn1[1] = {2.5f}, gn2[1] = {0.5f}, st[4] = {3, 1e-2f, 0, 0};
+  void *dgn1 = to_device(gn1, KDA_F32, 1), *dgn2 = to_device(gn2, KDA_F32, 1), *dst = to_device(st, KDA_F32, 4);
+  float *h[NP][4];
+  void *d[NP][4];
+  kda_tview cin[NP][6], gin[NP][6];
+  kda_exec_node cn[NP], gn[NP];
+  memset(cn, 0, sizeof cn);
+  for (int k = 0; k < NP; k++) {
+    for (int j = 0; j < 4; j++) {   /* p, g, m, v (v positive) */
+      tin t = X(KDA_F32, 1, sz[k], 1, 1, 1);
+      if (j == 3) t.gen = G_POS;
+      h[k][j] = malloc((size_t)sz[k] * 4);
+      fill_host(&t, h[k][j], NULL);
+      d[k][j] = to_device(h[k][j], KDA_F32, sz[k]);
+      cin[k][j] = (kda_tview){h[k][j], KDA_F32, 1, {sz[k], 1, 1, 1}};
+      gin[k][j] = cin[k][j];
+      gin[k][j].data = d[k][j];
+    }
+    cin[k][4] = (kda_tview){k == 3 ? gn2 : gn1, KDA_F32, 1, {1, 1, 1, 1}};
+    cin[k][5] = (kda_tview){st, KDA_F32, 1, {4, 1, 1, 1}};
+    gin[k][4] = cin[k][4], gin[k][4].data = k == 3 ? dgn2 : dgn1;
+    gin[k][5] = cin[k][5], gin[k][5].data = dst;
+    cn[k].op = KDA_OP_ADAMW, cn[k].id = k, cn[k].nin = 6, cn[k].in = cin[k], cn[k].out = cin[k][0];
+    cn[k].fattr[0] = 0.9f, cn[k].fattr[1] = 0.95f, cn[k].fattr[2] = 1e-8f, cn[k].fattr[3] = wd[k], cn[k].fattr[4] = 1.0f;
+    gn[k] = cn[k];
+    gn[k].in = gin[k], gn[k].out = gin[k][0];
+  }
+  for (int k = 0; k < NP; k++) kda_cpu_run_node(&cn[k]);
+  if (be->run(gn, NP, next_key++)) { printf("FAIL - adamw multi (CUDA: %s)\n", kda_last_error()); nfail++; return; }
+  for (int k = 0; k < NP; k++) {
+    double err = 0;
+    for (int j = 0; j < 4; j++) {
+      if (j == 1) continue;
+      float *g2 = from_device(d[k][j], KDA_F32, sz[k]);
+      double e = rms_ratio(g2, h[k][j], sz[k]);
+      if (!(e <= err)) err = e;
+      free(g2);
+    }
+    char nm[160];
+    snprintf(nm, sizeof nm, "adamw multi-tensor: tensor %d of %d (n=%lld wd=%g) p,m,v", k + 1, NP, (long long)sz[k], wd[k]);
+    verdict(!isnan(err) && err <= 1e-5, "", nm, err, 1e-5);
+  }
+  for (int k = 0; k < NP; k++)
+    for (int j = 0; j < 4; j++) { free(h[k][j]); be->free(d[k][j]); }
+  be->free(dgn1), be->free(dgn2), be->free(dst);
+}
+
+/* ---- bf16 weight shadows: an f32 operand written inside the list -------------------------
+ * y1 = x W^T (W as it was at the start: the shadow), FILL W <- 0.5, y2 = x W^T (W written by
+ * an earlier node: must see 0.5, never the stale shadow), FILL V <- 0.25 then y3 = x V^T (V
+ * written before its first use: never shadowed). Four calls (eager, capture, two replays) with
+ * W and V reset before each; every call checked against the CPU, and bit-equal to call 1. */
+static void shadow_checks(void) {
+  const int64_t M = 40, K = 96, N = 24;
+  tin tx = X(KDA_BF16, 2, M, K, 1, 1), tw = X(KDA_F32, 2, N, K, 1, 1);
+  float *hx = malloc((size_t)(M * K) * 4), *hw = malloc((size_t)(N * K) * 4);
+  fill_host(&tx, hx, NULL);
+  fill_host(&tw, hw, NULL);
+  void *dx = to_device(hx, KDA_BF16, M * K), *dw = to_device(hw, KDA_F32, N * K);
+  void *dv = to_device(hw, KDA_F32, N * K), *dy = be->alloc(3 * M * N * 2);
+  /* CPU references: the GEMM against W rounded to bf16 (what the GPU multiplies) */
+  float *ref = calloc((size_t)(3 * M * N), 4);
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double a = 0, b = 0;
+      for (int64_t k = 0; k < K; k++) {
+        a += (double)hx[i * K + k] * bf2f(f2bf(hw[j * K + k]));
+        b += hx[i * K + k];
+      }
+      ref[i * N + j] = (float)a, ref[M * N + i * N + j] = (float)(0.5 * b), ref[2 * M * N + i * N + j] = (float)(0.25 * b);
+    }
+  kda_tview x = {dx, KDA_BF16, 2, {M, K, 1, 1}}, w = {dw, KDA_F32, 2, {N, K, 1, 1}};
+  kda_tview v = {dv, KDA_F32, 2, {N, K, 1, 1}};
+  kda_tview y[3];
+  for (int i = 0; i < 3; i++) y[i] = (kda_tview){(char *)dy + i * M * N * 2, KDA_BF16, 2, {M, N, 1, 1}};
+  kda_tview in[5][2] = {{x, w}, {{0}}, {x, w}, {{0}}, {x, v}};
+  kda_exec_node nd[5];
+  memset(nd, 0, sizeof nd);
+  for (int i = 0; i < 5; i++) nd[i].id = i, nd[i].in = in[i];
+  nd[0].op = KDA_OP_MATMUL, nd[0].nin = 2, nd[0].out = y[0], nd[0].iattr[1] = 1;
+  nd[1].op = KDA_OP_FILL, nd[1].out = w, nd[1].iattr[0] = 2, nd[1].iattr[1] = N, nd[1].iattr[2] = K, nd[1].fattr[0] = 0.5f;
+  nd[2].op = KDA_OP_MATMUL, nd[2].nin = 2, nd[2].out = y[1], nd[2].iattr[1] = 1;
+  nd[3].op = KDA_OP_FILL, nd[3].out = v, nd[3].iattr[0] = 2, nd[3].iattr[1] = N, nd[3].iattr[2] = K, nd[3].fattr[0] = 0.25f;
+  nd[4].op = KDA_OP_MATMUL, nd[4].nin = 2, nd[4].out = y[2], nd[4].iattr[1] = 1;
+  int key = next_key++;
+  uint16_t *first = malloc((size_t)(3 * M * N) * 2), *cur = malloc((size_t)(3 * M * N) * 2);
+  for (int call = 0; call < 4; call++) {
+    be->write(dw, hw, N * K * 4);
+    be->write(dv, hw, N * K * 4);
+    if (be->run(nd, 5, key)) { printf("FAIL - shadow list call %d: %s\n", call, kda_last_error()); nfail++; break; }
+    be->read(call ? cur : first, dy, 3 * M * N * 2);
+    if (call == 0) {
+      const char *what[3] = {"y1 = x W^T before W is written (shadow)", "y2 = x W^T after FILL W (no stale shadow)", "y3 = x V^T, V written before first use"};
+      for (int i = 0; i < 3; i++) {
+        float *o = malloc((size_t)(M * N) * 4);
+        for (int64_t j = 0; j < M * N; j++) o[j] = bf2f(first[i * M * N + j]);
+        double err = rms_ratio(o, ref + i * M * N, M * N);
+        char nm[160];
+        snprintf(nm, sizeof nm, "shadow: %s", what[i]);
+        verdict(!isnan(err) && err <= 1e-2, "", nm, err, 1e-2);
+        free(o);
+      }
+    } else {
+      int same = !memcmp(first, cur, (size_t)(3 * M * N) * 2);
+      char nm[160];
+      snprintf(nm, sizeof nm, "shadow list: call %d == eager, bit for bit", call + 1);
+      verdict(same, "", nm, same ? 0 : 1, 0);
+    }
+  }
+  free(first), free(cur), free(ref), free(hx), free(hw);
+  be->free(dx), be->free(dw), be->free(dv), be->free(dy);
 }
 
 static void optim_cases(void) {
@@ -502,6 +638,16 @@ static void graph_checks(void) {
     verdict(same, "", nm, same ? 0 : 1, 0);
   }
   for (int c = 0; c < 4; c++) free(blob[c]);
+  /* memory-flat: 1,000 more replays of the same list hold no more device memory */
+  double before = kda_cuda_cur_mem_bytes();
+  int rc = 0;
+  for (int r = 0; r < 1000 && !rc; r++) rc = be->run(nd, k, key);
+  if (!rc) rc = kda_cuda_synchronize();
+  double after = kda_cuda_cur_mem_bytes();
+  char nm[160];
+  snprintf(nm, sizeof nm, "memory flat over 1000 graph replays (%.0f -> %.0f bytes)%s%s", before, after,
+           rc ? ": " : "", rc ? kda_last_error() : "");
+  verdict(!rc && after == before, "", nm, after - before, 0);
   for (int i = 0; i < NB; i++) { be->free(b[i].d); free(b[i].init); }
 }
 
@@ -518,6 +664,8 @@ int main(void) {
   matmul_cases();
   attention_cases();
   optim_cases();
+  adamw_multi_checks();
+  shadow_checks();
   graph_checks();
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail ? 1 : 0;

@@ -3,6 +3,11 @@
  * o, ht 0.005; dq, dk, dv, dh0 0.008; dg, dbeta 0.02; ddt_bias 0.008; dA_log 0.003 (as in fla,
  * a warning only above it; it fails above 0.05). Inputs are rounded to bf16 first, so the CPU
  * reference (fp32, itself checked against fp64 in tests/test_kda_ref.c) sees the same values.
+ * Part 2 runs the CUDA backend's op glue (kernels/kda_ops.cu: kc_kda_node) on exec nodes for
+ * KDA, KDA_BWD, CONV1D, CONV1D_BWD against the CPU backend's kda_cpu_kda_node, with f32 and
+ * bf16 storage (and an f32 packed gradient output, as the plan makes it), plus run-to-run
+ * bit-identity of the backward (no float atomics). Every KDA case runs twice: the tensor-core
+ * path (default) and the version-1 kernels (KDA_KDA_SIMPLE=1).
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
 #include <cuda_bf16.h>
@@ -13,9 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+#include "kernels.h"
 #include "kda.h"
 #include "kda_cuda.h"
 #include "kda_ref.h"
+
+/* cpu_kda.c names ops in its error path; the real kda_op_name lives in core/ops.c, which this
+ * test does not link (it pulls in the whole graph core). */
+extern "C" __attribute__((weak)) const char *kda_op_name(int op) { return op == KDA_OP_KDA ? "kda" : "kda op"; }
 
 static int npass, nfail;
 static uint64_t rng_s = 42;
@@ -254,6 +264,166 @@ static void run_decode(const char *name, const spec &s) {
   for (void *x : fr) if (x) cudaFree(x);
 }
 
+
+/* ---- part 2: exec nodes through kc_kda_node vs kda_cpu_kda_node ------------------------------ */
+static kc_ctx g_ctx;
+static void ctx_scratch(int64_t need) {
+  if (need <= g_ctx.scratch_bytes) return;
+  if (g_ctx.scratch) CK(cudaFree(g_ctx.scratch));
+  CK(cudaMalloc(&g_ctx.scratch, (size_t)need));
+  g_ctx.scratch_bytes = need;
+}
+static void *dev_store(const vf &x, int dt) { return dt == KDA_BF16 ? dev_bf16(x) : (void *)dev_f32(x); }
+static vf host_store(const void *d, int dt, size_t n) { return dt == KDA_BF16 ? host_bf16(d, n) : host_f32((const float *)d, n); }
+static kda_tview tv(void *data, int dt, int nd, int64_t a, int64_t b, int64_t c, int64_t d) {
+  kda_tview t;
+  t.data = data, t.dtype = dt, t.ndim = nd;
+  t.shape[0] = a, t.shape[1] = b, t.shape[2] = c, t.shape[3] = d;
+  return t;
+}
+static vf slice(const vf &x, int64_t off, int64_t n) { return vf(x.begin() + off, x.begin() + off + n); }
+
+/* KDA + KDA_BWD nodes: activations stored as adt, the packed gradient as gdt */
+static void run_node_kda(const char *name, const spec &s, int adt, int gdt) {
+  prob p;
+  make(p, s);
+  kda_kda_args a = p.a;
+  vf Al = p.A_log.empty() ? vf(a.HV, 0.f) : p.A_log, dtb = p.dt_bias.empty() ? vf(a.HV * a.K, 0.f) : p.dt_bias;
+  int64_t B = a.B, T = a.T, H = a.H, HV = a.HV, K = a.K, V = a.V;
+  const vf *src[8] = {&p.q, &p.k, &p.v, &p.g, &p.beta, &Al, &dtb, &p.dout};
+  kda_tview cin[8], gin[8];
+  void *dd[8];
+  for (int i = 0; i < 8; i++) {
+    int dt = i == 5 || i == 6 ? KDA_F32 : adt;
+    dd[i] = dev_store(*src[i], dt);
+  }
+  int64_t sh[8][4] = {{B, T, H, K}, {B, T, H, K}, {B, T, HV, V}, {B, T, HV, K}, {B, T, HV, 1}, {HV, 1, 1, 1}, {HV * K, 1, 1, 1}, {B, T, HV, V}};
+  int nd[8] = {4, 4, 4, 4, 3, 1, 1, 4};
+  for (int i = 0; i < 8; i++) {
+    cin[i] = tv((void *)src[i]->data(), KDA_F32, nd[i], sh[i][0], sh[i][1], sh[i][2], sh[i][3]);
+    gin[i] = cin[i], gin[i].data = dd[i], gin[i].dtype = i == 5 || i == 6 ? KDA_F32 : adt;
+  }
+  int64_t ngrad = 2 * p.nq + p.nv + p.ng + p.nb, ntot = ngrad + HV + HV * K;
+  vf o(p.nv), pk(ntot);
+  kda_exec_node cn;
+  memset(&cn, 0, sizeof cn);
+  cn.op = KDA_OP_KDA, cn.nin = 7, cn.in = cin, cn.out = tv(o.data(), KDA_F32, 4, B, T, HV, V);
+  cn.iattr[0] = s.gate_mode, cn.iattr[1] = s.l2, cn.iattr[2] = s.beta_mode, cn.iattr[3] = s.chunk;
+  cn.fattr[0] = s.scale, cn.fattr[1] = s.lb;
+  kda_exec_node cb = cn;
+  cb.op = KDA_OP_KDA_BWD, cb.nin = 8, cb.out = tv(pk.data(), KDA_F32, 1, ntot, 1, 1, 1);
+  if (kda_cpu_kda_node(&cn) || kda_cpu_kda_node(&cb)) {
+    printf("FAIL - %s: cpu: %s\n", name, kda_last_error()), nfail++;
+    return;
+  }
+  void *go = nullptr, *gp = nullptr;
+  CK(cudaMalloc(&go, p.nv * 4)); CK(cudaMalloc(&gp, ntot * 4));
+  kda_exec_node gn = cn, gb = cb;
+  gn.in = gin, gb.in = gin;
+  gn.out.data = go, gn.out.dtype = adt, gb.out.data = gp, gb.out.dtype = gdt;
+  ctx_scratch(kc_kda_scratch(&gn)), ctx_scratch(kc_kda_scratch(&gb));
+  int rc = kc_kda_node(&gn, &g_ctx);
+  if (!rc) rc = kc_kda_node(&gb, &g_ctx);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (rc || e) {
+    printf("FAIL - %s: %s%s\n", name, rc ? kda_last_error() : "", e ? cudaGetErrorString(e) : "");
+    nfail++;
+    if (e) exit(2);
+  } else {
+    vf o2 = host_store(go, adt, p.nv), pk2 = host_store(gp, gdt, ntot);
+    int64_t off[8] = {0, p.nq, 2 * p.nq, 2 * p.nq + p.nv, 2 * p.nq + p.nv + p.ng, ngrad, ngrad + HV, ntot};
+    vf r[7], x[7];
+    for (int i = 0; i < 7; i++) r[i] = slice(pk, off[i], off[i + 1] - off[i]), x[i] = slice(pk2, off[i], off[i + 1] - off[i]);
+    std::vector<item> it = {{"o", &o, &o2, 0.005, 0}, {"dq", &r[0], &x[0], 0.008, 0}, {"dk", &r[1], &x[1], 0.008, 0},
+                            {"dv", &r[2], &x[2], 0.008, 0}, {"dg", &r[3], &x[3], 0.02, 0}, {"dbeta", &r[4], &x[4], 0.02, 0}};
+    if (s.gate_mode) it.push_back({"dA_log", &r[5], &x[5], 0.003, 1}), it.push_back({"ddt_bias", &r[6], &x[6], 0.008, 0});
+    verdict(name, it);
+    /* determinism: the backward again must give the same bytes */
+    size_t bytes = (size_t)ntot * (gdt == KDA_BF16 ? 2 : 4);
+    std::vector<char> b1(bytes), b2(bytes);
+    CK(cudaMemcpy(b1.data(), gp, bytes, cudaMemcpyDeviceToHost));
+    for (int rep = 0; rep < 2; rep++) {
+      CK(cudaMemset(gp, 0x7f, bytes));
+      if (kc_kda_node(&gb, &g_ctx)) break;
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(b2.data(), gp, bytes, cudaMemcpyDeviceToHost));
+    if (!memcmp(b1.data(), b2.data(), bytes)) printf("ok - %s: backward bit-identical on re-run\n", name), npass++;
+    else printf("FAIL - %s: backward differs between runs (non-deterministic reduction)\n", name), nfail++;
+  }
+  for (int i = 0; i < 8; i++) cudaFree(dd[i]);
+  cudaFree(go), cudaFree(gp);
+}
+
+static void run_node_conv(const char *name, int64_t B, int64_t T, int64_t C, int W, int silu, int adt, int gdt) {
+  vf x(B * T * C), w(C * W), dy(B * T * C);
+  for (auto &v : x) v = bf((float)randn());
+  for (auto &v : w) v = (float)(0.5 * randn());
+  for (auto &v : dy) v = bf((float)randn());
+  void *dx_ = dev_store(x, adt), *dw_ = dev_f32(w), *ddy = dev_store(dy, adt);
+  kda_tview cin[3] = {tv(x.data(), KDA_F32, 3, B, T, C, 1), tv(w.data(), KDA_F32, 2, C, W, 1, 1), tv(dy.data(), KDA_F32, 3, B, T, C, 1)};
+  kda_tview gin[3] = {cin[0], cin[1], cin[2]};
+  gin[0].data = dx_, gin[0].dtype = adt, gin[1].data = dw_, gin[2].data = ddy, gin[2].dtype = adt;
+  int64_t ny = B * T * C, np = ny + C * W;
+  vf y(ny), pk(np);
+  kda_exec_node cn;
+  memset(&cn, 0, sizeof cn);
+  cn.op = KDA_OP_CONV1D, cn.nin = 2, cn.in = cin, cn.out = tv(y.data(), KDA_F32, 3, B, T, C, 1), cn.iattr[0] = silu;
+  kda_exec_node cb = cn;
+  cb.op = KDA_OP_CONV1D_BWD, cb.nin = 3, cb.out = tv(pk.data(), KDA_F32, 1, np, 1, 1, 1);
+  if (kda_cpu_kda_node(&cn) || kda_cpu_kda_node(&cb)) {
+    printf("FAIL - %s: cpu: %s\n", name, kda_last_error()), nfail++;
+    return;
+  }
+  void *go, *gp;
+  CK(cudaMalloc(&go, ny * 4)); CK(cudaMalloc(&gp, np * 4));
+  kda_exec_node gn = cn, gb = cb;
+  gn.in = gin, gb.in = gin, gn.out.data = go, gn.out.dtype = adt, gb.out.data = gp, gb.out.dtype = gdt;
+  ctx_scratch(kc_kda_scratch(&gb) + 256);
+  int rc = kc_kda_node(&gn, &g_ctx);
+  if (!rc) rc = kc_kda_node(&gb, &g_ctx);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (rc || e) {
+    printf("FAIL - %s: %s%s\n", name, rc ? kda_last_error() : "", e ? cudaGetErrorString(e) : "");
+    nfail++;
+    if (e) exit(2);
+  } else {
+    double tol = adt == KDA_BF16 || gdt == KDA_BF16 ? 0.01 : 1e-5;
+    vf y2 = host_store(go, adt, ny), pk2 = host_store(gp, gdt, np);
+    vf rdx = slice(pk, 0, ny), xdx = slice(pk2, 0, ny), rdw = slice(pk, ny, C * W), xdw = slice(pk2, ny, C * W);
+    verdict(name, {{"y", &y, &y2, adt == KDA_BF16 ? 0.01 : 1e-5, 0}, {"dx", &rdx, &xdx, tol, 0}, {"dw", &rdw, &xdw, tol, 0}});
+    size_t bytes = (size_t)np * (gdt == KDA_BF16 ? 2 : 4);
+    std::vector<char> b1(bytes), b2(bytes);
+    CK(cudaMemcpy(b1.data(), gp, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(gp, 0, bytes));
+    kc_kda_node(&gb, &g_ctx);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(b2.data(), gp, bytes, cudaMemcpyDeviceToHost));
+    if (!memcmp(b1.data(), b2.data(), bytes)) printf("ok - %s: bit-identical on re-run\n", name), npass++;
+    else printf("FAIL - %s: differs between runs\n", name), nfail++;
+  }
+  cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(go), cudaFree(gp);
+}
+
+static void node_tests() {
+  cudaDeviceProp pr;
+  CK(cudaGetDeviceProperties(&pr, 0));
+  g_ctx.stream = nullptr, g_ctx.num_sms = pr.multiProcessorCount;
+  spec lay = {2, 150, 2, 4, 64, 64, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}};   /* layer flags, GVA */
+  spec pre = {2, 130, 2, 2, 64, 64, 64, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, {}};   /* pre-gated */
+  run_node_kda("node KDA bf16 storage, f32 packed grad (the plan's case), layer flags GVA", lay, KDA_BF16, KDA_F32);
+  run_node_kda("node KDA bf16 storage, bf16 packed grad", lay, KDA_BF16, KDA_BF16);
+  run_node_kda("node KDA f32 storage (graph inputs), f32 grad", lay, KDA_F32, KDA_F32);
+  run_node_kda("node KDA pre-gated bf16, K=V=64", pre, KDA_BF16, KDA_F32);
+  spec big = {1, 200, 2, 2, 128, 128, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}};
+  run_node_kda("node KDA K=V=128 layer flags", big, KDA_BF16, KDA_F32);
+  run_node_conv("node CONV1D f32 W=4 silu", 2, 100, 96, 4, 1, KDA_F32, KDA_F32);
+  run_node_conv("node CONV1D bf16 W=4 silu, f32 packed grad", 2, 130, 200, 4, 1, KDA_BF16, KDA_F32);
+  run_node_conv("node CONV1D bf16 W=3 no silu", 3, 70, 33, 3, 0, KDA_BF16, KDA_BF16);
+  run_node_conv("node CONV1D f32 W=8 silu T=5", 2, 5, 40, 8, 1, KDA_F32, KDA_F32);
+  run_node_conv("node CONV1D f32 W=1", 1, 64, 32, 1, 0, KDA_F32, KDA_F32);
+}
+
 /* error path: a workspace that is too small must be refused with a message */
 static void run_errors() {
   kda_kda_args a = {};
@@ -269,17 +439,8 @@ static void run_errors() {
   else printf("FAIL - chunk 48 refused: rc=%d %s\n", rc, kda_last_error()), nfail++;
 }
 
-int main() {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    printf("# no CUDA device: GPU KDA tests skipped\n0 passed, 0 failed\n");
-    return 0;
-  }
-  cudaDeviceProp pr;
-  CK(cudaGetDeviceProperties(&pr, 0));
-  printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
+static void all_cases() {
   /*  B  T  H HV  K   V  C  gm bm l2 h0 dht scale lb gscale mask betac cu */
-  double t0 = kda_now();
   int64_t Ts[] = {1, 15, 16, 17, 63, 64, 65, 127, 128, 500};
   for (int64_t T : Ts) {
     char nm[96];
@@ -312,6 +473,27 @@ int main() {
   run_decode("decode T=1 B=4 H=2 HV=4 K=V=128 (layer flags)", {4, 1, 2, 4, 128, 128, 64, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, {}});
   run_decode("decode T=20 B=2 K=64 V=96 pre-gated", {2, 20, 1, 1, 64, 96, 64, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, {}});
   run_decode("decode varlen 3,1,12 lower-bound", {1, 16, 1, 1, 64, 64, 64, 2, 2, 1, 1, 0, 0, -5, 1, 0, 0, {0, 3, 4, 16}});
+}
+
+int main() {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("# no CUDA device: GPU KDA tests skipped\n0 passed, 0 failed\n");
+    return 0;
+  }
+  cudaDeviceProp pr;
+  CK(cudaGetDeviceProperties(&pr, 0));
+  printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
+  double t0 = kda_now();
+  const char *paths[2] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)"};
+  for (int path = 0; path < 2; path++) {
+    if (path) setenv("KDA_KDA_SIMPLE", "1", 1);
+    else unsetenv("KDA_KDA_SIMPLE");
+    printf("# --- %s ---\n", paths[path]);
+    all_cases();
+    node_tests();
+  }
+  unsetenv("KDA_KDA_SIMPLE");
   run_errors();
   printf("# %.1f s\n%d passed, %d failed\n", kda_now() - t0, npass, nfail);
   return nfail ? 1 : 0;

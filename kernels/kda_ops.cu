@@ -1,0 +1,305 @@
+/* kda_ops.cu — the CUDA backend's KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D, KDA_OP_CONV1D_BWD.
+ *
+ * KDA / KDA_BWD are glue over kernels/kda_cuda.cu (bf16 activations, fp32 params): the exec
+ * node's views become a kda_kda_args, exactly as core/cpu_kda.c does for the CPU reference.
+ * Storage dtypes come per view (core/backend.h): activations are bf16 on CUDA, but a graph
+ * INPUT is f32, and KDA_BWD's packed output [dq,dk,dv,dg,dbeta,dA_log,ddt_bias] is f32 when
+ * the plan marks it precise (its dA_log/ddt_bias slices are parameter gradients). So:
+ *   - an f32 activation input is cast to bf16 in scratch (the kernels read bf16);
+ *   - a bf16 A_log / dt_bias is widened to f32 in scratch;
+ *   - an f32 output is produced in bf16 staging and widened; an f32 kernel output (dA_log,
+ *     ddt_bias) going into a bf16 packed buffer is staged in f32 and narrowed.
+ * The common case (bf16 activations in, bf16 o out; f32 packed gradient out) costs one
+ * widening pass over dq..dbeta (~2 B read + 4 B written per element; predicted < 3% of the
+ * backward, to be measured). Scratch = the KDA workspace + these staging buffers, sized by
+ * kc_kda_scratch so the backend grows its one scratch buffer before capture.
+ *
+ * CONV1D: depthwise causal conv y[b,t,c] = sum_j w[c,j] x[b,t-W+1+j,c] (zero before t = 0),
+ * SiLU fused when iattr0 = 1. W <= 8. Forward: one thread per output, the W taps from L1.
+ * Backward: tiles of 64 tokens x 32 channels in shared memory; the pre-activation is
+ * recomputed (no saved activation), dx = sum_j w[c,j] dpre[t+W-1-j]; dw is reduced
+ * deterministically: each tile writes a partial [C,W] row, a second kernel sums the partials
+ * in tile order (no float atomics: bit-reproducible runs).                                     */
+#include <stdlib.h>
+#include <string.h>
+#include "kernels.h"
+#include "kda_cuda.h"
+
+#define KO_ERR(n, what) kda_set_error("cuda: %s in op %s node %d", what, kda_op_name((n)->op), (n)->id)
+#define KO_CUDA(n, call)                                                                      \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess)                                                                    \
+      return kda_set_error("cuda: %s failed (%s) in op %s node %d (%s:%d)", #call,            \
+                           cudaGetErrorString(e_), kda_op_name((n)->op), (n)->id, __FILE__,   \
+                           __LINE__);                                                         \
+  } while (0)
+#define KO_LAUNCH(n, kname) KO_CUDA(n, cudaGetLastError())
+
+/* ---- casts -------------------------------------------------------------------------------- */
+__global__ void k_ko_cast(const void *src, int sdt, void *dst, int ddt, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    kc_st(dst, ddt, i, kc_ld(src, sdt, i));
+}
+static int ko_cast(const kda_exec_node *n, kc_ctx *c, const void *src, int sdt, void *dst,
+                   int ddt, int64_t cnt) {
+  if (cnt <= 0) return 0;
+  k_ko_cast<<<kc_blocks(cnt, 256, (int64_t)c->num_sms * 8), 256, 0, c->stream>>>(src, sdt, dst, ddt, cnt);
+  KO_LAUNCH(n, "k_ko_cast");
+  return 0;
+}
+
+/* ---- KDA ---------------------------------------------------------------------------------- */
+static kda_kda_args ko_args(const kda_exec_node *n) {
+  const kda_tview *q = &n->in[0], *v = &n->in[2];
+  kda_kda_args a;
+  memset(&a, 0, sizeof a);
+  a.B = q->shape[0], a.T = q->shape[1], a.H = q->shape[2], a.K = q->shape[3];
+  a.HV = v->shape[2], a.V = v->shape[3];
+  a.gate_mode = (int32_t)n->iattr[0];
+  a.qk_l2norm = (int32_t)n->iattr[1];
+  a.beta_mode = (int32_t)n->iattr[2];
+  a.chunk = n->iattr[3] ? (int32_t)n->iattr[3] : 64;
+  a.scale = n->fattr[0];
+  a.lower_bound = n->fattr[1];
+  return a;
+}
+
+/* The scratch carve-up of one KDA node. base NULL: only count. */
+typedef struct ko_kda_ws {
+  void *ws;             /* the kda_cuda workspace */
+  int64_t ws_bytes;
+  void *in[8];          /* the pointer each kernel argument reads (maybe a scratch copy) */
+  void *stage;          /* output staging (bf16 o / bf16 dq..dbeta, or f32 dA_log+ddt_bias) */
+  int64_t total;
+} ko_kda_ws;
+
+static int ko_is_act(int i) { return i <= 4 || i == 7; }  /* bf16 kernel inputs; 5, 6 are f32 */
+
+static void ko_kda_layout(const kda_exec_node *n, char *base, ko_kda_ws *w) {
+  kda_kda_args a = ko_args(n);
+  int bwd = n->op == KDA_OP_KDA_BWD;
+  int64_t off = 0;
+  auto take = [&](int64_t bytes) -> void * {
+    void *p = base ? base + off : NULL;
+    off += KC_ALIGN(bytes);
+    return p;
+  };
+  w->ws_bytes = kda_kda_cuda_workspace_bytes(&a, bwd);
+  w->ws = take(w->ws_bytes);
+  for (int i = 0; i < n->nin && i < 8; i++) {
+    const kda_tview *t = &n->in[i];
+    int want = ko_is_act(i) ? KDA_BF16 : KDA_F32;
+    w->in[i] = t->dtype == want ? t->data : take(kda_tview_numel(t) * (want == KDA_BF16 ? 2 : 4));
+  }
+  w->stage = NULL;
+  if (!bwd) {
+    if (n->out.dtype != KDA_BF16) w->stage = take(kda_tview_numel(&n->out) * 2);
+  } else {
+    int64_t nq = kda_tview_numel(&n->in[0]), nv = kda_tview_numel(&n->in[2]);
+    int64_t ng = kda_tview_numel(&n->in[3]), nb = kda_tview_numel(&n->in[4]);
+    if (n->out.dtype == KDA_F32) w->stage = take((2 * nq + nv + ng + nb) * 2);
+    else w->stage = take((a.HV + a.HV * a.K) * 4);
+  }
+  w->total = off;
+}
+
+static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
+  int bwd = n->op == KDA_OP_KDA_BWD;
+  if (n->nin != (bwd ? 8 : 7)) return KO_ERR(n, "KDA needs 7 inputs (KDA_BWD 8)");
+  kda_kda_args a = ko_args(n);
+  ko_kda_ws w;
+  ko_kda_layout(n, NULL, &w);
+  if (w.total > c->scratch_bytes || !c->scratch)
+    return kda_set_error("cuda: op %s node %d needs %lld bytes of scratch, has %lld: the backend "
+                         "sizes scratch with kc_kda_scratch", kda_op_name(n->op), n->id,
+                         (long long)w.total, (long long)c->scratch_bytes);
+  ko_kda_layout(n, (char *)c->scratch, &w);
+  for (int i = 0; i < n->nin; i++) {
+    const kda_tview *t = &n->in[i];
+    if (w.in[i] != t->data &&
+        ko_cast(n, c, t->data, t->dtype, w.in[i], ko_is_act(i) ? KDA_BF16 : KDA_F32, kda_tview_numel(t)))
+      return -1;
+  }
+  const float *A_log = (const float *)w.in[5], *dt_bias = (const float *)w.in[6];
+  if (!bwd) {
+    void *o = w.stage ? w.stage : n->out.data;
+    if (kda_kda_cuda_forward(&a, w.in[0], w.in[1], w.in[2], w.in[3], w.in[4], A_log, dt_bias,
+                             NULL, o, NULL, w.ws, w.ws_bytes, c->stream))
+      return -1;
+    if (w.stage) return ko_cast(n, c, w.stage, KDA_BF16, n->out.data, n->out.dtype, kda_tview_numel(&n->out));
+    return 0;
+  }
+  int64_t nq = kda_tview_numel(&n->in[0]), nv = kda_tview_numel(&n->in[2]);
+  int64_t ng = kda_tview_numel(&n->in[3]), nb = kda_tview_numel(&n->in[4]);
+  int64_t ngrad = 2 * nq + nv + ng + nb, nparam = a.HV + a.HV * a.K;
+  int odt = n->out.dtype;
+  if (odt != KDA_F32 && odt != KDA_BF16) return KO_ERR(n, "KDA_BWD output must be f32 or bf16");
+  char *ob = (char *)n->out.data;
+  /* bf16 gradients: into out directly when it is bf16, else into the staging buffer */
+  char *g16 = odt == KDA_BF16 ? ob : (char *)w.stage;
+  /* f32 dA_log, ddt_bias: into out's slices when it is f32, else staged */
+  float *p32 = odt == KDA_F32 ? (float *)ob + ngrad : (float *)w.stage;
+  void *dq = g16, *dk = g16 + 2 * nq, *dv = g16 + 4 * nq, *dg = g16 + 4 * nq + 2 * nv;
+  void *db = g16 + 4 * nq + 2 * nv + 2 * ng;
+  if (kda_kda_cuda_backward(&a, w.in[0], w.in[1], w.in[2], w.in[3], w.in[4], A_log, dt_bias, NULL,
+                            w.in[7], NULL, dq, dk, dv, dg, db, p32, p32 + a.HV, NULL, w.ws,
+                            w.ws_bytes, c->stream))
+    return -1;
+  if (odt == KDA_F32) return ko_cast(n, c, w.stage, KDA_BF16, ob, KDA_F32, ngrad);
+  return ko_cast(n, c, w.stage, KDA_F32, ob + 2 * ngrad, KDA_BF16, nparam);
+}
+
+/* ---- CONV1D ------------------------------------------------------------------------------- */
+#define CV_TT 64     /* tokens per backward tile */
+#define CV_TC 32     /* channels per backward tile (one warp wide) */
+#define CV_WMAX 8
+
+static __device__ __forceinline__ float cv_sigm(float x) { return 1.f / (1.f + __expf(-x)); }
+
+__global__ void k_conv_fwd(const void *x, int xdt, const void *w, int wdt, void *y, int ydt,
+                           int64_t B, int64_t T, int64_t C, int W, int silu) {
+  int64_t total = B * T * C;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ch = e % C, t = (e / C) % T;
+    float p = 0.f;
+    for (int j = 0; j < W; j++) {
+      int64_t ts = t - (W - 1) + j;
+      if (ts >= 0) p += kc_ld(w, wdt, ch * W + j) * kc_ld(x, xdt, e + (ts - t) * C);
+    }
+    kc_st(y, ydt, e, silu ? p * cv_sigm(p) : p);
+  }
+}
+
+/* One block per (batch row, 64-token tile, 32-channel tile); 256 threads = 32 channels x 8
+ * row groups. part[(b*ntt + tile) * C * W + c * W + j] = sum over the tile's tokens of
+ * dpre[t,c] x[t-W+1+j,c]. */
+__global__ void k_conv_bwd(const void *x, int xdt, const void *w, int wdt, const void *dy,
+                           int dydt, void *out, int odt, float *part, int64_t B, int64_t T,
+                           int64_t C, int W, int silu) {
+  __shared__ float xs[CV_TT + 2 * (CV_WMAX - 1)][CV_TC];
+  __shared__ float dps[CV_TT + CV_WMAX - 1][CV_TC];
+  __shared__ float red[8][CV_TC * CV_WMAX];
+  int64_t ntt = (T + CV_TT - 1) / CV_TT, b = blockIdx.x / ntt, t0 = (blockIdx.x % ntt) * CV_TT;
+  int64_t c0 = (int64_t)blockIdx.y * CV_TC;
+  int lc = threadIdx.x % CV_TC, grp = threadIdx.x / CV_TC;
+  int64_t ch = c0 + lc;
+  bool live = ch < C;
+  float wr[CV_WMAX];
+#pragma unroll
+  for (int j = 0; j < CV_WMAX; j++) wr[j] = live && j < W ? kc_ld(w, wdt, ch * W + j) : 0.f;
+  int nx = CV_TT + 2 * (W - 1), nd = CV_TT + W - 1;
+  for (int r = grp; r < nx; r += 8) {              /* x rows t0-W+1 .. t0+TT+W-2 */
+    int64_t ts = t0 - (W - 1) + r;
+    xs[r][lc] = live && ts >= 0 && ts < T ? kc_ld(x, xdt, (b * T + ts) * C + ch) : 0.f;
+  }
+  __syncthreads();
+  for (int r = grp; r < nd; r += 8) {              /* dpre rows t0 .. t0+TT+W-2 */
+    int64_t ts = t0 + r;
+    float dp = 0.f;
+    if (live && ts < T) {
+      dp = kc_ld(dy, dydt, (b * T + ts) * C + ch);
+      if (silu) {                                  /* d silu(p)/dp = s (1 + p (1 - s)) */
+        float p = 0.f;
+#pragma unroll
+        for (int j = 0; j < CV_WMAX; j++)
+          if (j < W) p += wr[j] * xs[r + j][lc];     /* xs[r + j] is x[ts-W+1+j] */
+        float s = cv_sigm(p);
+        dp *= s * (1.f + p * (1.f - s));
+      }
+    }
+    dps[r][lc] = dp;
+  }
+  __syncthreads();
+  float acc[CV_WMAX];
+#pragma unroll
+  for (int j = 0; j < CV_WMAX; j++) acc[j] = 0.f;
+  for (int r = grp; r < CV_TT; r += 8) {
+    int64_t t = t0 + r;
+    if (!live || t >= T) continue;
+    float dx = 0.f;
+#pragma unroll
+    for (int j = 0; j < CV_WMAX; j++)
+      if (j < W) dx += wr[j] * dps[r + W - 1 - j][lc];   /* y[t+W-1-j] reads x[t] at tap j */
+    kc_st(out, odt, (b * T + t) * C + ch, dx);
+#pragma unroll
+    for (int j = 0; j < CV_WMAX; j++)
+      if (j < W) acc[j] += dps[r][lc] * xs[r + j][lc];                  /* x[t-W+1+j] */
+  }
+#pragma unroll
+  for (int j = 0; j < CV_WMAX; j++) red[grp][lc * CV_WMAX + j] = acc[j];
+  __syncthreads();
+  for (int e = threadIdx.x; e < CV_TC * W; e += blockDim.x) {   /* fixed order over groups */
+    int cc = e / W, j = e % W;
+    if (c0 + cc >= C) continue;
+    float s = 0.f;
+    for (int g = 0; g < 8; g++) s += red[g][cc * CV_WMAX + j];
+    part[(int64_t)blockIdx.x * C * W + (c0 + cc) * W + j] = s;
+  }
+}
+
+/* dw[i] = sum over tiles (in order) of part[tile][i] */
+__global__ void k_conv_dw(const float *part, int64_t ntiles, int64_t CW, void *out, int odt,
+                          int64_t off) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < CW;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int64_t t = 0; t < ntiles; t++) s += part[t * CW + i];
+    kc_st(out, odt, off + i, s);
+  }
+}
+
+static int64_t ko_conv_tiles(const kda_exec_node *n) {
+  return n->in[0].shape[0] * ((n->in[0].shape[1] + CV_TT - 1) / CV_TT);
+}
+
+static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
+  const kda_tview *x = &n->in[0], *w = &n->in[1];
+  int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2];
+  int W = (int)w->shape[1], silu = n->iattr[0] != 0;
+  if (W < 1 || W > CV_WMAX) return KO_ERR(n, "conv1d width W must be 1..8 on CUDA");
+  if (n->op == KDA_OP_CONV1D) {
+    int64_t tot = B * T * C;
+    k_conv_fwd<<<kc_blocks(tot, 256, (int64_t)c->num_sms * 16), 256, 0, c->stream>>>(
+        x->data, x->dtype, w->data, w->dtype, n->out.data, n->out.dtype, B, T, C, W, silu);
+    KO_LAUNCH(n, "k_conv_fwd");
+    return 0;
+  }
+  int64_t ntiles = ko_conv_tiles(n), need = KC_ALIGN(ntiles * C * W * 4);
+  if (need > c->scratch_bytes || !c->scratch)
+    return kda_set_error("cuda: op %s node %d needs %lld bytes of scratch, has %lld",
+                         kda_op_name(n->op), n->id, (long long)need, (long long)c->scratch_bytes);
+  float *part = (float *)c->scratch;
+  dim3 grid((unsigned)ntiles, (unsigned)((C + CV_TC - 1) / CV_TC));
+  k_conv_bwd<<<grid, 256, 0, c->stream>>>(x->data, x->dtype, w->data, w->dtype, n->in[2].data,
+                                          n->in[2].dtype, n->out.data, n->out.dtype, part, B, T,
+                                          C, W, silu);
+  KO_LAUNCH(n, "k_conv_bwd");
+  k_conv_dw<<<kc_blocks(C * W, 256, 1024), 256, 0, c->stream>>>(part, ntiles, C * W, n->out.data,
+                                                               n->out.dtype, B * T * C);
+  KO_LAUNCH(n, "k_conv_dw");
+  return 0;
+}
+
+/* ---- entry points ------------------------------------------------------------------------- */
+int64_t kc_kda_scratch(const kda_exec_node *n) {
+  switch (n->op) {
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: {
+    ko_kda_ws w;
+    ko_kda_layout(n, NULL, &w);
+    return w.total;
+  }
+  case KDA_OP_CONV1D_BWD: return KC_ALIGN(ko_conv_tiles(n) * n->in[0].shape[2] * n->in[1].shape[1] * 4);
+  default: return 0;
+  }
+}
+
+int kc_kda_node(const kda_exec_node *n, kc_ctx *c) {
+  switch (n->op) {
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: return ko_kda(n, c);
+  case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return ko_conv(n, c);
+  default: return KO_ERR(n, "kc_kda_node: not a KDA op");
+  }
+}
