@@ -41,7 +41,7 @@ build/cuda/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | bu
 build/tests/%: tests/%.c $(CORE_OBJ) $(CU_OBJ) | build/tests
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
-build/core build/cuda build/tests build/asan:
+build/core build/cuda build/tests build/asan build/gpu:
 	mkdir -p $@
 
 # The C tests once more under AddressSanitizer + UndefinedBehaviorSanitizer (CPU code only).
@@ -52,7 +52,19 @@ build/asan/%: tests/%.c $(CORE_SRC) | build/asan
 test: kda $(TESTS) $(TESTS:build/tests/%=build/asan/%)
 	@bash tests/run.sh
 
-# GPU targets run on an H200 (see docs/cuda.md for the build of build/gpu/*).
+# The GPU test and micro-benchmark binaries, linked so that they run on the H200 image
+# (only libcublasLt dynamic). benches/bundle.sh packs them with ./kda for a device run.
+GPU_LIBS = -Wl,-Bstatic -lopenblas -lgfortran -lquadmath -Wl,-Bdynamic /usr/lib/gcc/x86_64-linux-gnu/12/libgomp.a \
+           -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -lrt -lm -ldl -lpthread
+build/gpu/test_cuda_ops: tests/gpu/test_cuda_ops.c $(CORE_OBJ) $(CU_OBJ) | build/gpu
+	$(CC) $(CFLAGS) -c -o build/gpu/test.o $<
+	g++ -static-libstdc++ -static-libgcc -o $@ build/gpu/test.o $(CORE_OBJ) $(CU_OBJ) $(GPU_LIBS)
+build/gpu/cuda_ops_bench: benches/cuda_ops_bench.cu $(CORE_OBJ) $(CU_OBJ) | build/gpu
+	$(NVCC) $(NVFLAGS) -c -o build/gpu/bench.o $<
+	g++ -static-libstdc++ -static-libgcc -o $@ build/gpu/bench.o $(CORE_OBJ) $(CU_OBJ) $(GPU_LIBS)
+gpu-bins: build/gpu/test_cuda_ops build/gpu/cuda_ops_bench
+
+# GPU targets run on an H200.
 test-gpu: kda
 	sh benches/kda_gpu.sh && bash benches/cuda_gpu.sh
 
@@ -68,5 +80,5 @@ data-small:
 clean:
 	rm -rf build kda
 
-.PHONY: all test test-gpu bench data data-small clean
+.PHONY: all test test-gpu bench data data-small clean gpu-bins
 .SECONDARY:

@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# benches/device_run.sh — one call on the lent H200: unpack the binaries built here
-# (.devbuild/bundle.tar.xz: kda, test_cuda_ops, cuda_ops_bench, runtime libs, the prose sample),
-# then CUDA op tests, kda's GPT steps (graph and eager), the KDA kernel test + bench, the op
-# micro-benchmarks and the PyTorch peer. Logs under $OUT. Each stage has its own time limit.
+# benches/device_run.sh MODE — one call on the lent H200 (make the bundle first: benches/bundle.sh).
+# Unpacks .devbuild/bundle.tar.xz (kda, test_cuda_ops, cuda_ops_bench, runtime libs, the small
+# prose corpus) and, when present, .devbuild/data (the full prose domain, xz). Logs under $OUT.
+#   tests   CUDA op tests (normal, then fallback paths), the KDA kernel test + bench, op benches
+#   train   kda GPT / hybrid step times (graph and eager), the PyTorch peer
+#   ladder  gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 set -u
 cd "$(dirname "$0")/.."
+MODE=${1:-tests}
 OUT=${OUT:-/tmp/kda_out}; mkdir -p "$OUT"
 K=/tmp/kdabundle; mkdir -p "$K"; tar -xJf .devbuild/bundle.tar.xz -C "$K"
 export LD_LIBRARY_PATH=$K/lib:${LD_LIBRARY_PATH:-} KDA_HOME=$PWD
 mkdir -p build/gpu data/small
 cp "$K"/bin/test_cuda_ops "$K"/bin/cuda_ops_bench build/gpu/ && cp "$K"/data/prose.txt data/small/
+KDA=$K/bin/kda
 stage() { echo; echo "=== $1 ($(date +%T))"; }
-stage device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-stage "cuda op tests"
-KDA_CUDA_SYNC=1 timeout 150 build/gpu/test_cuda_ops > "$OUT/test_cuda_ops.log" 2>&1; echo "rc=$?"
-grep -E "^FAIL|passed, " "$OUT/test_cuda_ops.log" | tail -25
-stage "kda GPT S steps"
-for cfg in "batch=8 seq=512" "batch=64 seq=512 check=0"; do
-  timeout 120 "$K/bin/kda" --trust benches/gpt_bench.lua size=S $cfg steps=120 2>&1 | tail -4 | tee -a "$OUT/gpt_bench.log"
-done
-KDA_NO_GRAPH=1 timeout 60 "$K/bin/kda" --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 check=0 2>&1 | tail -3 | tee -a "$OUT/gpt_bench.log"
-stage "kda GPT M steps"
-timeout 90 "$K/bin/kda" --trust benches/gpt_bench.lua size=M batch=64 seq=1024 steps=80 check=0 2>&1 | tail -3 | tee -a "$OUT/gpt_bench.log"
-stage "KDA kernels"
-OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_gpu.log" 2>&1; echo "rc=$?"
-grep -E "^FAIL|passed, |ms|error" "$OUT/kda_gpu.log" | tail -30
-stage "PyTorch peer S 8x512"
-for mode in eager compile; do
-  timeout 100 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 8 --seq 512 --steps 120 --mode $mode 2>&1 | tail -2 | tee -a "$OUT/peer.log"
-done
-stage "op micro-benchmarks"
-timeout 60 build/gpu/cuda_ops_bench > "$OUT/ops_bench.log" 2>&1; tail -30 "$OUT/ops_bench.log"
+stage device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+if [ "$MODE" = tests ]; then
+  stage "cuda op tests"
+  KDA_CUDA_SYNC=1 timeout 150 build/gpu/test_cuda_ops > "$OUT/test_cuda_ops.log" 2>&1; echo "rc=$?"
+  grep -E "^FAIL|passed, " "$OUT/test_cuda_ops.log" | tail -25
+  stage "cuda op tests: fallback attention, no graphs"
+  KDA_ATTN_SIMPLE=1 KDA_NO_GRAPH=1 timeout 120 build/gpu/test_cuda_ops > "$OUT/test_cuda_ops_simple.log" 2>&1; echo "rc=$?"
+  grep -E "^FAIL|passed, " "$OUT/test_cuda_ops_simple.log" | tail -10
+  stage "KDA kernels"
+  OUT=$OUT timeout 260 sh benches/kda_gpu.sh > "$OUT/kda_gpu.log" 2>&1; echo "rc=$?"
+  grep -E "^FAIL|passed, " "$OUT/kda_test.log" | tail -12
+  cat "$OUT/kda_bench.log" 2>/dev/null | tail -12
+  stage "op micro-benchmarks"
+  timeout 60 build/gpu/cuda_ops_bench > "$OUT/ops_bench.log" 2>&1; tail -32 "$OUT/ops_bench.log"
+fi
+
+if [ "$MODE" = train ]; then
+  stage "kda step times"
+  for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=S batch=64 seq=512 check=0" \
+              "size=S batch=64 seq=512 arch=hybrid check=0" "size=M batch=64 seq=1024 steps=70 check=0"; do
+    timeout 100 "$KDA" --trust benches/gpt_bench.lua $args 2>&1 | grep -E "^(check|kda|kda:)" | tee -a "$OUT/gpt_bench.log"
+  done
+  KDA_NO_GRAPH=1 timeout 60 "$KDA" --trust benches/gpt_bench.lua size=S batch=8 seq=512 check=0 2>&1 | grep -E "^kda" | tee -a "$OUT/gpt_bench.log"
+  stage "PyTorch peer"
+  for mode in eager reduce-overhead; do
+    timeout 110 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 8 --seq 512 --steps 120 --mode $mode 2>&1 | tail -1 | tee -a "$OUT/peer.log"
+  done
+  timeout 120 python3 benches/peers/gpt_peer.py --d 768 --layers 12 --heads 12 --batch 64 --seq 1024 --steps 70 --mode compile 2>&1 | tail -1 | tee -a "$OUT/peer.log"
+fi
+
+if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
+    stage "gpu ladder rungs 1-2 on the full prose domain"
+    mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/
+    (cd /tmp && timeout 500 "$KDA" "$KDA_HOME/recipes/ladder.lua" --profile gpu --fresh --set corpus=/tmp/corpus --set rungs.1.max_seconds=150 --set rungs.2.max_seconds=150 --set rungs.3.pending=later --set rungs.4.pending=later --set rungs.5.pending=later --set rungs.6.pending=later 2>&1 | tail -25 | tee "$OUT/ladder.log")
+    cp /tmp/runs/ladder/results.tsv "$OUT/ladder_results.tsv" 2>/dev/null
+fi
 stage done

@@ -2,12 +2,12 @@
 -- benches/device_run.sh). Prints warm step times (median over steps >= 50, step index shown),
 -- tokens/s, MFU against the card's dense bf16 peak, time to first step, peak memory, and a
 -- CUDA-vs-CPU loss check on a tiny model.
---   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [graph=0]
+--   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [arch=hybrid] [optimizer=muon]
 local kda = require "kda"
 local ffi = require "ffi"
 local C = kda.C
 local t_start = kda.now()
-local opt = { size = "S", batch = 8, seq = 512, steps = 120, check = 1 }
+local opt = { size = "S", batch = 8, seq = 512, steps = 120, check = 1, arch = "gpt", optimizer = "adamw" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^(%w+)=(.*)$")
   if k then opt[k] = tonumber(v) or v end
@@ -15,6 +15,10 @@ end
 local sizes = { S = { d = 256, layers = 8, heads = 4 }, M = { d = 768, layers = 12, heads = 12 },
                 L = { d = 2048, layers = 20, heads = 16 } }
 local train = require "kda.train"
+local function model(cfg)
+  if opt.arch == "hybrid" then return kda.nn.hybrid { d = cfg.d, layers = cfg.layers, heads = cfg.heads } end
+  return kda.nn.GPT(cfg)
+end
 
 local function gpt_flops_per_token(n_params, cfg, T)
   -- 6N for the dense weights + causal attention 6 * L * T * d (QK^T and PV, forward + backward, halved by causality x2 ops)
@@ -24,17 +28,18 @@ end
 if opt.check == 1 then -- tiny model: the first losses on CUDA and CPU agree within bf16 rounding
   local losses = {}
   for _, be in ipairs { "cpu", "cuda" } do
-    local r = kda.train { model = kda.nn.GPT { d = 64, layers = 2, heads = 2 }, data = { { path = "data/small/prose.txt", name = "prose" } },
+    local r = kda.train { model = model { d = 64, layers = 4, heads = 2 }, data = { { path = "data/small/prose.txt", name = "prose" } },
                           batch = 4, seq = 64, steps = 6, log_every = 1, quiet = true, backend = be, eval_batches = 1 }
     losses[be] = r.losses
   end
   local worst = 0
   for i, x in ipairs(losses.cpu) do worst = math.max(worst, math.abs(x.loss - losses.cuda[i].loss) / x.loss) end
-  print(("check: cuda vs cpu losses over 6 steps, worst relative difference %.4f (%s)"):format(worst, worst < 0.03 and "ok" or "FAIL"))
+  print(("check %s: cuda vs cpu losses over 6 steps, worst relative difference %.2e (%s); cpu %s cuda %s")
+        :format(opt.arch, worst, worst < 0.03 and "ok" or "FAIL", losses.cpu[6].loss, losses.cuda[6].loss))
 end
 
 local mcfg = sizes[opt.size]
-local cfg = { model = kda.nn.GPT(mcfg), batch = opt.batch, seq = opt.seq, steps = opt.steps, lr = 3e-3, warmup = 10,
+local cfg = { model = model(mcfg), optimizer = opt.optimizer, batch = opt.batch, seq = opt.seq, steps = opt.steps, lr = 3e-3, warmup = 10,
               schedule = "cosine", min_lr_frac = 0.1, decay_frac = 0.2, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95,
               eps = 1e-8, clip = 1.0 }
 local data = train.open_data { { path = "data/small/prose.txt", name = "prose" } }
@@ -67,7 +72,7 @@ local n = G:param_count()
 local fpt = gpt_flops_per_token(n, mcfg, T)
 local peak = C.kda_cuda_bf16_peak_flops()
 local loss = plan:read_floats(io.loss)
-print(("kda %s %.2fM params batch %dx%d graph=%s | warm step (median of steps 50..%d) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s")
-      :format(opt.size, n / 1e6, B, T, os.getenv("KDA_NO_GRAPH") and "no" or "yes", opt.steps - 1, med * 1e3, B * T / med / 1e6,
+print(("kda %s %s %s %.2fM params batch %dx%d graph=%s | warm step (median of steps 50..%d) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s")
+      :format(opt.arch, opt.optimizer, opt.size, n / 1e6, B, T, os.getenv("KDA_NO_GRAPH") and "no" or "yes", opt.steps - 1, med * 1e3, B * T / med / 1e6,
               100 * fpt * B * T / med / peak, peak / 1e12, first_step, C.kda_cuda_peak_mem_bytes() / 2^30, util[0], loss,
               ffi.string(C.kda_cuda_device_name())))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/run.sh — every CPU test (make test calls this after building):
 #   C unit tests (build/tests/test_*), the same under ASan+UBSan (build/asan/test_*),
-#   the Lua suite (tests/lua/run.lua), the CLI suite (tests/cli.sh).
+#   the Lua suite (tests/lua/run.lua), the CLI suite (tests/cli.sh), run dirs and checkpoints
+#   (tests/lua/runs.lua, tests/runs.sh).
 # Each prints "N passed, N failed"; this adds them up and ends with the total line.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,6 +32,9 @@ for t in build/asan/test_*; do
 done
 run_suite "lua" ./kda --trust tests/lua/run.lua
 run_suite "cli" bash tests/cli.sh
+run_suite "lua runs" ./kda --trust tests/lua/runs.lua
+run_suite "runs" bash tests/runs.sh
+run_suite "ladder" bash tests/ladder.sh
 
 for b in "${broken[@]}"; do echo "broken suite: $b"; done
 echo "$total_pass passed, $total_fail failed"

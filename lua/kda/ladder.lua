@@ -25,14 +25,6 @@ local function bar_value(d, domain, bar, cache)
   return best, name
 end
 
-local function build_model(spec)
-  if spec.arch == "hybrid" then
-    if not kda.nn.hybrid then util.fail("ladder: the KDA hybrid builder is not available in this build") end
-    return kda.nn.hybrid(spec)
-  end
-  return kda.nn.GPT { d = spec.d, layers = spec.layers, heads = spec.heads }
-end
-
 local function load_results(path)
   local done = {}
   local f = io.open(path, "r")
@@ -71,7 +63,7 @@ function M.run(profile, opts)
     else
       local bar, bar_name = bar_value(d, rung.domain, rung.bar, cache)
       row.bar, row.bar_name = bar, bar_name
-      local model = build_model(rung.model)
+      local model = require("kda.train").model(rung.model)
       local params = kda.nn.count_params(model, rung.batch, rung.seq)
       local tokens = rung.tokens or (rung.bytes_per_param or 20) * params
       local steps = math.max(1, math.floor(tokens / (rung.batch * rung.seq)))
@@ -81,7 +73,7 @@ function M.run(profile, opts)
       local r = kda.train { model = model, data = { manifest = profile.corpus, domains = { rung.domain } },
                             batch = rung.batch, seq = rung.seq, steps = steps, lr = rung.lr or 3e-3,
                             warmup = rung.warmup or math.min(50, math.floor(steps / 10)), log_every = rung.log_every or 50,
-                            backend = rung.backend }
+                            backend = rung.backend, max_seconds = rung.max_seconds or 0 }
       row.bpb, row.tokens, row.seconds = r.bpb[rung.domain], r.tokens, kda.now() - t0
       row.status = row.bpb < bar and "pass" or "fail"
       print(("rung %d: %s — %.4f bpb vs bar %.4f"):format(n, row.status:upper(), row.bpb, bar))
