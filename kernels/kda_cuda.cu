@@ -663,12 +663,13 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * twin one for one; KDA_KDA_SIMPLE=1 (or a shape whose tiles do not fit in shared memory)
  * selects version 1 for the whole call. What changes:
  *   - every GEMM-shaped step is a block of warp MMAs (mma_blk below): bf16 m16n8k16 with fp32
- *     accumulation for the big products (W S, qg S + Aqk Vn, kg^T Vn, M Kb, M bV, the
- *     backward's dO S0^T, Vn dS^T, dVn S0^T, dO Vn^T, dM, M^T dVn, M^T dW, Aqk^T dO + kg dS,
- *     qg^T dO - W^T dVn) — the operand rounding fla uses (KDA.md §3.3 item 3);
+ *     accumulation for the big products (W S, qg S + Aqk Vn, kg^T Vn, the backward's
+ *     dO S0^T, Vn dS^T, dVn S0^T, dO Vn^T, Aqk^T dO + kg dS, qg^T dO - W^T dVn) — the operand
+ *     rounding fla uses (KDA.md §3.3 item 3);
  *   - tf32 m16n8k8 where fla keeps fp32 operands: the factored off-diagonal blocks of Aqk, L
  *     and of the intra backward, and the dL = -M^T (dM M^T) chain (KDA.md §4.3 "must not be
- *     rounded to bf16");
+ *     rounded to bf16"); also W = M Kb, U = M bV (k_intra_tc) and dM, M^T dVn, M^T dW
+ *     (k_bwd_mat_tc): see the comments there (dbeta cancellation, docs/kda.md);
  *   - the 16-row sub-chunk trick (KDA.md §3.3 item 2): an off-diagonal 16x16 block (I > J) is
  *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
  *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
@@ -854,10 +855,13 @@ __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
     Vb[r * VS + c] = r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
   }
   __syncthreads();
-  mma_blk<P_BF16>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+  /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
+   * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
+   * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
+  mma_blk<P_TF32>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
                   [&](int j, int d) { return ks[j * KS + d]; },
                   [&](int i, int d, float c) { if (i < n && d < K) w.W[ROWI(i) * K + d] = c; });
-  mma_blk<P_BF16>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+  mma_blk<P_TF32>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
                   [&](int j, int c) { return Vb[j * VS + c]; },
                   [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
 #undef ROWI
@@ -1068,9 +1072,17 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
 }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
- * smem bf16: dO, Vn, dVn, bV [C][VB]; dW, Kb [C][KB]; fp32: M, dM, X [C][CS] */
+ * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that
+ * feeds dbeta runs in tf32 from fp32 tiles: dbeta_i = (M^T dU)_i . v_i + k_i . R_i (+ W terms)
+ * is the sum of two terms that cancel to D_i . U_i / b_i (U = M bV), and at strong decay
+ * (g = -1000 entries) |dbeta| << |D||v|, so the bf16 rounding of M, dVn, dW, b v, Kb in
+ * M^T dVn and in dM (whose errors do not cancel between the two terms: one went through bf16 M,
+ * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
+ * smem fp32: M, dM, X [C][CS]; dVn [C][VS]; dW, Kb [C][KS]; b [C];
+ *      bf16: dO, Vn, v (raw input: exact) [C][VB] */
 static size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {
-  return (size_t)(4 * C * (r16(V) + 8) + 2 * C * (r16(K) + 8)) * 2 + (size_t)(3 * C * (C + 4)) * 4;
+  return (size_t)(3 * C * (r16(V) + 8)) * 2 +
+         (size_t)(3 * C * (C + 4) + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
 __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   extern __shared__ float sm[];
@@ -1078,25 +1090,26 @@ __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const vo
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
-  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, KB = K16 + 8, CS = C + 4;
-  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS;
-  sbf *dO = (sbf *)(X + C * CS), *Vn = dO + C * VB, *dVs = Vn + C * VB, *bV = dVs + C * VB,
-      *dWs = bV + C * VB, *Kb = dWs + C * KB;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
+  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = X + C * CS, *dWs = dVs + C * VS,
+        *Kb = dWs + C * KS, *bs = Kb + C * KS;
+  sbf *dO = (sbf *)(bs + C), *Vn = dO + C * VB, *Vr = Vn + C * VB;
 #define ROWI(i) (((t0 + (i)) * HV + h))
+  for (int r = threadIdx.x; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   for (int e = threadIdx.x; e < C * V16; e += NT) {
     int i = e / V16, c = e % V16;
     bool ok = i < n && c < V;
     dO[i * VB + c] = __float2bfloat16(ok ? ldb(dout, ROWI(i) * V + c) : 0.f);
     Vn[i * VB + c] = __float2bfloat16(ok ? w.vn[ROWI(i) * V + c] : 0.f);
-    dVs[i * VB + c] = __float2bfloat16(ok ? w.dvn[ROWI(i) * V + c] : 0.f);
-    bV[i * VB + c] = __float2bfloat16(ok ? w.b[ROWI(i)] * ldb(v, ROWI(i) * V + c) : 0.f);
+    Vr[i * VB + c] = ok ? ((const bf16 *)v)[ROWI(i) * V + c] : __float2bfloat16(0.f);
+    dVs[i * VS + c] = ok ? w.dvn[ROWI(i) * V + c] : 0.f;
   }
   for (int e = threadIdx.x; e < C * K16; e += NT) {
     int i = e / K16, d = e % K16;
     bool ok = i < n && d < K;
     int64_t gi = ROWI(i) * K + d;
-    dWs[i * KB + d] = __float2bfloat16(ok ? w.dW[gi] : 0.f);
-    Kb[i * KB + d] = __float2bfloat16(ok ? w.b[ROWI(i)] * w.kn[gi] * __expf(w.G[gi]) : 0.f);
+    dWs[i * KS + d] = ok ? w.dW[gi] : 0.f;
+    Kb[i * KS + d] = ok ? w.b[ROWI(i)] * w.kn[gi] * __expf(w.G[gi]) : 0.f;
   }
   for (int e = threadIdx.x; e < C * C; e += NT) {
     int i = e / C, j = e % C;
@@ -1107,10 +1120,10 @@ __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const vo
   mma_blk<P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                   [&](int c, int j) { return f(Vn[j * VB + c]); },
                   [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
-  /* dM = strict-tril([dVn | dW] [bV | Kb]^T) */
-  mma_blk<P_BF16>(C, C, V16 + K16,
-                  [&](int i, int k) { return k < V16 ? f(dVs[i * VB + k]) : f(dWs[i * KB + k - V16]); },
-                  [&](int k, int j) { return k < V16 ? f(bV[j * VB + k]) : f(Kb[j * KB + k - V16]); },
+  /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
+  mma_blk<P_TF32>(C, C, V16 + K16,
+                  [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; },
+                  [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
                   [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
   __syncthreads();
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
@@ -1122,18 +1135,18 @@ __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const vo
   mma_blk<P_TF32>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
                   [&](int m, int j) { return X[m * CS + j]; },
                   [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
-  /* dv = b (M^T dVn); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
-  mma_blk<P_BF16>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-                  [&](int i, int c) { return f(dVs[i * VB + c]); },
+  /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
+  mma_blk<P_TF32>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+                  [&](int i, int c) { return dVs[i * VS + c]; },
                   [&](int j, int c, float x) {
                     if (j < n && c < V) {
-                      stb(dv, ROWI(j) * V + c, w.b[ROWI(j)] * x);
-                      w.vn[ROWI(j) * V + c] = x * ldb(v, ROWI(j) * V + c);
+                      stb(dv, ROWI(j) * V + c, bs[j] * x);
+                      w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
                     }
                   });
-  /* dKb = M^T dW */
-  mma_blk<P_BF16>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-                  [&](int i, int d) { return f(dWs[i * KB + d]); },
+  /* dKb = M^T dW (tf32) */
+  mma_blk<P_TF32>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+                  [&](int i, int d) { return dWs[i * KS + d]; },
                   [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
   __syncthreads();                                 /* global writes above visible to the block */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
@@ -1323,10 +1336,10 @@ __global__ void k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_b
   int64_t h = blockIdx.x, K = p.K, HV = p.HV;
   int nch = w.sfirst[N];
   for (int64_t d = threadIdx.x; d <= K; d += blockDim.x) {
-    float s = 0;
-    for (int ci = 0; ci < nch; ci++) s += w.gpart[((int64_t)ci * HV + h) * (K + 1) + d];
-    if (d < K) { if (ddt_bias) ddt_bias[h * K + d] = p.gate_mode ? s : 0.f; }
-    else if (dA_log) dA_log[h] = p.gate_mode ? s : 0.f;
+    double s = 0;                                  /* double: N/C partials of mixed sign */
+    for (int ci = 0; ci < nch; ci++) s += (double)w.gpart[((int64_t)ci * HV + h) * (K + 1) + d];
+    if (d < K) { if (ddt_bias) ddt_bias[h * K + d] = p.gate_mode ? (float)s : 0.f; }
+    else if (dA_log) dA_log[h] = p.gate_mode ? (float)s : 0.f;
   }
 }
 
