@@ -3,7 +3,8 @@
 # Unpacks .devbuild/bundle.tar.xz (kda, test_cuda_ops, cuda_ops_bench, runtime libs, the small
 # prose corpus) and, when present, .devbuild/data (the full prose domain, xz). Logs under $OUT.
 #   tests   CUDA op tests (normal, then fallback paths), the KDA kernel test + bench, op benches
-#   train   kda GPT / hybrid step times (graph and eager), the PyTorch peer
+#   train   kda GPT / hybrid step times (graph and eager)
+#   peers   the PyTorch peer (benches/peers/gpt_peer.py) at the same shapes
 #   ladder  gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 set -u
 cd "$(dirname "$0")/.."
@@ -39,11 +40,16 @@ if [ "$MODE" = train ]; then
     timeout 100 "$KDA" --trust benches/gpt_bench.lua $args 2>&1 | grep -E "^(check|kda|kda:)" | tee -a "$OUT/gpt_bench.log"
   done
   KDA_NO_GRAPH=1 timeout 60 "$KDA" --trust benches/gpt_bench.lua size=S batch=8 seq=512 check=0 2>&1 | grep -E "^kda" | tee -a "$OUT/gpt_bench.log"
-  stage "PyTorch peer"
-  for mode in eager reduce-overhead; do
-    timeout 110 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 8 --seq 512 --steps 120 --mode $mode 2>&1 | tail -1 | tee -a "$OUT/peer.log"
+fi
+
+if [ "$MODE" = peers ]; then
+  stage "PyTorch peer (same card, same shapes as kda's step times)"
+  pick() { grep -E "^(config|time to first|warm median|tokens/s|MFU|peak)"; }
+  for mode in eager compile reduce-overhead; do
+    timeout 110 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 8 --seq 512 --steps 120 --mode $mode 2>&1 | pick | tee -a "$OUT/peer.log"
   done
-  timeout 120 python3 benches/peers/gpt_peer.py --d 768 --layers 12 --heads 12 --batch 64 --seq 1024 --steps 70 --mode compile 2>&1 | tail -1 | tee -a "$OUT/peer.log"
+  timeout 100 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 64 --seq 512 --steps 120 --mode compile 2>&1 | pick | tee -a "$OUT/peer.log"
+  timeout 150 python3 benches/peers/gpt_peer.py --d 768 --layers 12 --heads 12 --batch 64 --seq 1024 --steps 70 --mode compile 2>&1 | pick | tee -a "$OUT/peer.log"
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
