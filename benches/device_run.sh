@@ -6,6 +6,7 @@
 #   train   kda GPT / hybrid step times (graph and eager)
 #   peers   the PyTorch peer (benches/peers/gpt_peer.py) at the same shapes
 #   ladder  gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
+#   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
 MODE=${1:-tests}
@@ -57,5 +58,14 @@ if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
     mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/
     (cd /tmp && timeout 500 "$KDA" "$KDA_HOME/recipes/ladder.lua" --profile gpu --fresh --set corpus=/tmp/corpus --set rungs.1.max_seconds=150 --set rungs.2.max_seconds=150 --set rungs.3.pending=later --set rungs.4.pending=later --set rungs.5.pending=later --set rungs.6.pending=later 2>&1 | tail -25 | tee "$OUT/ladder.log")
     cp /tmp/runs/ladder/results.tsv "$OUT/ladder_results.tsv" 2>/dev/null
+fi
+if [ "$MODE" = race ] && [ -f .devbuild/data/prose.txt.xz ]; then
+  mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/
+  stage "quality race: PyTorch peer (GPT, reduce-overhead) on the prose domain, 150M bytes"
+  timeout 200 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 64 --seq 512 --mode reduce-overhead \
+    --lr 3e-3 --data /tmp/corpus/prose.txt --window 1048576 --tokens 150e6 --eval-every 500 2>&1 | grep -E "^(#|race)" | tee "$OUT/race_peer.log"
+  stage "quality race: kda hybrid, same bytes, window and budget (capped at ${RACE_SECONDS:-200} s of training)"
+  (cd /tmp && timeout 330 "$KDA" --trust "$KDA_HOME/benches/race.lua" corpus=/tmp/corpus eval_every=500 \
+    max_seconds=${RACE_SECONDS:-200} 2>&1 | grep -E "^(#|race)" | tee "$OUT/race_kda.log")
 fi
 stage done

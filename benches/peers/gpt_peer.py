@@ -9,7 +9,11 @@ matrices, 0 on norms and the embedding), global grad-norm clip 1.0, bf16 autocas
 master weights.
 
 Data: uniform random bytes, generated on the GPU each step (speed only; the loss is meaningless
-beyond ln 256 = 8 bits).
+beyond ln 256 = 8 bits) — or, with --data FILE (the quality race), real bytes: training windows
+drawn uniformly from the file minus its last --window bytes, and held-out BPB on exactly those
+last bytes cut into sequences the way kda's core/data.c does (sequence k has targets
+[S-W+kT, S-W+kT+T), the last one clamped to end at S; every window byte counted once), so both
+sides of the race are measured on the same bytes. Training time excludes evaluation.
 
 Reported: parameter count N; time to the end of the first step (includes compilation); the
 median step time over steps >= 50 (their indices printed); tokens/s = B*T / median;
@@ -84,12 +88,14 @@ class GPT(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, idx, tgt):
+    def logits(self, idx):
         x = self.emb(idx)
         for blk in self.blocks:
             x = blk(x)
-        logits = F.linear(self.norm(x), self.emb.weight)
-        return F.cross_entropy(logits.float().reshape(-1, 256), tgt.reshape(-1))
+        return F.linear(self.norm(x), self.emb.weight)
+
+    def forward(self, idx, tgt):
+        return F.cross_entropy(self.logits(idx).float().reshape(-1, 256), tgt.reshape(-1))
 
 
 def main():
@@ -102,7 +108,13 @@ def main():
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--mode", choices=["eager", "compile", "reduce-overhead"], default="compile")
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--data", help="train on this file's bytes and report held-out BPB (the quality race)")
+    ap.add_argument("--window", type=int, default=1048576, help="held-out bytes at the end of --data")
+    ap.add_argument("--tokens", type=float, default=150e6, help="race: training budget in bytes")
+    ap.add_argument("--eval-every", type=int, default=500, help="race: steps between evaluations")
     args = ap.parse_args()
+    if args.data:
+        return race(args)
     assert args.steps > 50, "--steps must exceed 50: warm timings use steps >= 50"
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -160,6 +172,75 @@ def main():
     print(f"MFU: {100 * mfu:.1f} % of {PEAK_BF16 / 1e12:.0f} TFLOP/s dense bf16 "
           f"(FLOPs/token = 6N + 12*L*d*T = {flops_tok:.4g})")
     print(f"peak memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (max_memory_allocated)")
+
+
+@torch.no_grad()
+def window_bpb(model, data, W, B, T):
+    """Bits per byte over the last W bytes, every byte counted once (core/data.c's window)."""
+    S = data.numel()
+    bits, counted, k = 0.0, 0, 0
+    nseq = (W + T - 1) // T
+    while k < nseq:
+        xs, ys, firsts = [], [], []
+        for j in range(k, min(k + B, nseq)):
+            s = min(S - W + j * T, S - T)
+            xs.append(data[s - 1:s - 1 + T])
+            ys.append(data[s:s + T])
+            firsts.append((S - W + j * T) - s)  # targets before this index were counted already
+        x, y = torch.stack(xs).long(), torch.stack(ys).long()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model.logits(x)
+        nll = F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1), reduction="none").view(len(xs), T)
+        for r, f in enumerate(firsts):
+            bits += nll[r, f:].sum().item() / math.log(2)
+            counted += T - f
+        k += len(xs)
+    assert counted == W, (counted, W)
+    return bits / counted
+
+
+def race(args):
+    """The quality race: train on real bytes for --tokens, evaluate the held-out window."""
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    raw = open(args.data, "rb").read()
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
+    S, W, B, T = data.numel(), args.window, args.batch, args.seq
+    model = GPT(args.d, args.layers, args.heads, args.seq).to(dev)
+    nparams = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.dim() == 2 and p is not model.emb.weight]
+    no_decay = [p for p in model.parameters() if p.dim() != 2 or p is model.emb.weight]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    steps = int(args.tokens // (B * T))
+    warm = min(100, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / warm if s < warm else
+                                              0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+    mode = {"eager": None, "compile": "default", "reduce-overhead": "reduce-overhead"}[args.mode]
+    fwd = model if mode is None else torch.compile(model, mode=mode)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    offs_hi = S - W - T - 1
+    print(f"# gpt_peer race on {torch.cuda.get_device_name()}: {args.data} ({S} bytes, window {W}), "
+          f"{nparams / 1e6:.2f}M params, batch {B}x{T}, {steps} steps, lr {args.lr} cosine, mode {args.mode}", flush=True)
+    train_s = 0.0
+    for step in range(steps):
+        o = torch.randint(0, offs_hi, (B,), device=dev, generator=gen)
+        idx = o[:, None] + torch.arange(T + 1, device=dev)[None, :]
+        batch = data[idx].long()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fwd(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        train_s += time.perf_counter() - t0
+        if (step + 1) % args.eval_every == 0 or step == steps - 1:
+            bpb = window_bpb(model, data, W, 64, T)
+            print(f"race: step {step + 1} tokens {(step + 1) * B * T} train_seconds {train_s:.2f} bpb {bpb:.4f}", flush=True)
 
 
 if __name__ == "__main__":

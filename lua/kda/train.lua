@@ -244,9 +244,14 @@ function M.run(cfg)
     util.check(C.kda_data_get_state(d, data_state), "data state")
     run:save(plan, G, step, data_state)
   end
+  local eval_seconds = 0 -- kept out of the training time
   local function evaluate()
-    if cfg.ema > 0 then return with_ema(plan, function() return M.evaluate(plan, io, data, B, T, cfg.eval_batches) end) end
-    return M.evaluate(plan, io, data, B, T, cfg.eval_batches)
+    local e0 = C.kda_now()
+    local ev
+    if cfg.ema > 0 then ev = with_ema(plan, function() return M.evaluate(plan, io, data, B, T, cfg.eval_batches) end)
+    else ev = M.evaluate(plan, io, data, B, T, cfg.eval_batches) end
+    eval_seconds = eval_seconds + C.kda_now() - e0
+    return ev
   end
   local t0, tlog, steps_done, last_ckpt, bpb_txt = C.kda_now(), C.kda_now(), start, start, ""
   local reported_skips = 0
@@ -285,7 +290,8 @@ function M.run(cfg)
     end
     if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps then
       local ev = evaluate()
-      result.evals[#result.evals + 1] = { step = step, tokens = step * B * T, eval = ev }
+      result.evals[#result.evals + 1] = { step = step, tokens = step * B * T, eval = ev,
+                                          train_seconds = C.kda_now() - t0 - eval_seconds }
       say(M.eval_line(step, ev))
       row = row or { step = step, tokens = step * B * T }
       row.bpb = {}
@@ -296,7 +302,7 @@ function M.run(cfg)
       bpb_txt = " | bpb " .. table.concat(names, " ")
     end
     if run and row then run:log(row) end
-    local out_of_time = cfg.max_seconds > 0 and C.kda_now() - t0 >= cfg.max_seconds
+    local out_of_time = cfg.max_seconds > 0 and C.kda_now() - t0 - eval_seconds >= cfg.max_seconds
     local stop = C.kda_interrupted() == 1 or out_of_time
     if run and (stop or step == cfg.steps or (cfg.ckpt_every > 0 and step % cfg.ckpt_every == 0)) then
       checkpoint(step)
@@ -310,9 +316,10 @@ function M.run(cfg)
   end
   P.done()
   if run and last_ckpt ~= steps_done then checkpoint(steps_done) end
-  result.train_seconds = C.kda_now() - t0
+  result.train_seconds = C.kda_now() - t0 - eval_seconds  -- training alone, evaluations excluded
   local ev = evaluate()
-  result.evals[#result.evals + 1] = { step = steps_done, tokens = steps_done * B * T, eval = ev }
+  result.evals[#result.evals + 1] = { step = steps_done, tokens = steps_done * B * T, eval = ev,
+                                      train_seconds = result.train_seconds }
   result.eval, result.steps, result.tokens = ev, steps_done, steps_done * B * T
   result.bpb = {}
   for k, v in pairs(ev) do result.bpb[k] = v.bpb end
