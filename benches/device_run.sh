@@ -6,6 +6,7 @@
 #   train   kda GPT / hybrid step times (graph and eager)
 #   peers   the PyTorch peer (benches/peers/gpt_peer.py) at the same shapes
 #   ladder  gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
+#   rung3   gpu ladder rung 3 alone (time-capped)
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +60,13 @@ if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
     (cd /tmp && timeout 500 "$KDA" "$KDA_HOME/recipes/ladder.lua" --profile gpu --fresh --set corpus=/tmp/corpus --set rungs.1.max_seconds=150 --set rungs.2.max_seconds=150 --set rungs.3.pending=later --set rungs.4.pending=later --set rungs.5.pending=later --set rungs.6.pending=later 2>&1 | tail -25 | tee "$OUT/ladder.log")
     cp /tmp/runs/ladder/results.tsv "$OUT/ladder_results.tsv" 2>/dev/null
 fi
+if [ "$MODE" = rung3 ] && [ -f .devbuild/data/prose.txt.xz ]; then
+  stage "gpu ladder rung 3 (20-30M hybrid), capped at ${RUNG_SECONDS:-100} s of training"
+  mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/
+  (cd /tmp && timeout 280 "$KDA" "$KDA_HOME/recipes/ladder.lua" --profile gpu --rung 3 --set corpus=/tmp/corpus \
+     --set rungs.3.max_seconds=${RUNG_SECONDS:-100} 2>&1 | grep -vE "^step " | tail -16 | tee "$OUT/ladder3.log")
+fi
+
 if [ "$MODE" = race ] && [ -f .devbuild/data/prose.txt.xz ]; then
   mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/
   stage "quality race: PyTorch peer (GPT, reduce-overhead) on the prose domain, 150M bytes"

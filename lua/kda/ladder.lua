@@ -70,10 +70,16 @@ function M.run(profile, opts)
       print(("rung %d: %s — %.2fM params, %d steps (%d tokens), bar %s %.4f bpb on %s")
             :format(n, rung.name, params / 1e6, steps, steps * rung.batch * rung.seq, bar_name, bar, rung.domain))
       local t0 = kda.now()
+      -- each rung is a run (runs/ladder-rung-N: metrics, checkpoints, its bar for `kda report`)
+      local run = ("ladder-rung-%d"):format(n)
       local r = kda.train { model = model, data = { manifest = profile.corpus, domains = { rung.domain } },
                             batch = rung.batch, seq = rung.seq, steps = steps, lr = rung.lr or 3e-3,
                             warmup = rung.warmup or math.min(50, math.floor(steps / 10)), log_every = rung.log_every or 50,
-                            backend = rung.backend, max_seconds = rung.max_seconds or 0 }
+                            eval_every = rung.eval_every or 0, backend = rung.backend,
+                            max_seconds = rung.max_seconds or 0, run = run, fresh = true, resume = false }
+      local bars = assert(io.open(require("kda.run").dir(run) .. "/bars.tsv", "w"))
+      bars:write(("%s\t%s\t%.4f\n"):format(rung.domain, bar_name, bar))
+      bars:close()
       row.bpb, row.tokens, row.seconds = r.bpb[rung.domain], r.tokens, kda.now() - t0
       row.status = row.bpb < bar and "pass" or "fail"
       print(("rung %d: %s — %.4f bpb vs bar %.4f"):format(n, row.status:upper(), row.bpb, bar))
