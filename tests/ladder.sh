@@ -24,6 +24,22 @@ else
   else
     fail=$((fail+1)); echo "FAIL - results.tsv after two calls:"; cat "$tmp/runs/ladder/results.tsv"
   fi
+  # "beats rung N's curve at equal tokens": rung 2 reads rung 1's evaluations from its run
+  cat > "$tmp/cmp.lua" <<EOF
+local prof = { corpus = "$root/data/small", rungs = {
+  { name = "a", domain = "prose", bar = { order = 1 }, model = { arch = "gpt", d = 32, layers = 1, heads = 1 },
+    batch = 8, seq = 32, tokens = 12800, eval_every = 25 },
+  { name = "b", domain = "prose", bar = { order = 1 }, compare = 1, model = { arch = "gpt", d = 48, layers = 2, heads = 2 },
+    batch = 8, seq = 32, tokens = 6400 } } }
+require("kda.ladder").run(prof, { rung = 1, fresh = true })
+return require("kda.ladder").run(prof, { rung = 2 })
+EOF
+  out=$(cd "$tmp" && "$root/kda" --trust cmp.lua 2>&1)
+  if grep -qE "rung 2: [0-9.]+ bpb vs rung 1's curve at 6400 tokens: [0-9.]+" <<<"$out"; then
+    pass=$((pass+1)); echo "ok - a rung compares itself with an earlier rung's curve at equal tokens"
+  else
+    fail=$((fail+1)); echo "FAIL - curve comparison:"; grep -E "^rung" <<<"$out" | tail -4
+  fi
 fi
 if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ $fail -eq 0 ]

@@ -25,6 +25,39 @@ local function bar_value(d, domain, bar, cache)
   return best, name
 end
 
+-- The held-out BPB curve of an earlier rung's run: {tokens, bpb} points from its metrics.tsv.
+local function curve(run, domain)
+  local f = io.open(require("kda.run").dir(run) .. "/metrics.tsv", "r")
+  if not f then return {} end
+  local cols, pts = nil, {}
+  for line in f:lines() do
+    local fields = {}
+    for x in (line .. "\t"):gmatch("([^\t]*)\t") do fields[#fields + 1] = x end
+    if not cols then
+      cols = {}
+      for i, name in ipairs(fields) do cols[name] = i end
+    else
+      local tok, bpb = tonumber(fields[cols.tokens]), tonumber(fields[cols["bpb_" .. domain] or 0])
+      if tok and bpb then pts[#pts + 1] = { tok, bpb } end
+    end
+  end
+  f:close()
+  table.sort(pts, function(a, b) return a[1] < b[1] end)
+  return pts
+end
+
+-- Linear interpolation of a curve at `tokens`; nil outside the measured range.
+local function at_tokens(pts, tokens)
+  for i = 2, #pts do
+    local a, b = pts[i - 1], pts[i]
+    if tokens >= a[1] and tokens <= b[1] then
+      return a[2] + (b[2] - a[2]) * (tokens - a[1]) / math.max(1, b[1] - a[1])
+    end
+  end
+  if #pts > 0 and tokens == pts[#pts][1] then return pts[#pts][2] end
+  return nil
+end
+
 local function load_results(path)
   local done = {}
   local f = io.open(path, "r")
@@ -83,6 +116,18 @@ function M.run(profile, opts)
       row.bpb, row.tokens, row.seconds = r.bpb[rung.domain], r.tokens, kda.now() - t0
       row.status = row.bpb < bar and "pass" or "fail"
       print(("rung %d: %s — %.4f bpb vs bar %.4f"):format(n, row.status:upper(), row.bpb, bar))
+      if rung.compare then -- "beats rung N's curve at equal tokens"
+        local ref = at_tokens(curve(("ladder-rung-%d"):format(rung.compare), rung.domain), r.tokens)
+        if not ref then
+          row.status = "fail"
+          print(("rung %d: rung %d's run has no evaluations spanning %d tokens: run it (with eval_every) first"):format(n, rung.compare, r.tokens))
+        else
+          if row.bpb >= ref then row.status = "fail" end
+          row.bar_name = ("%s; rung %d curve %.4f"):format(bar_name, rung.compare, ref)
+          print(("rung %d: %.4f bpb vs rung %d's curve at %d tokens: %.4f (%s)")
+                :format(n, row.bpb, rung.compare, r.tokens, ref, row.bpb < ref and "better" or "not better"))
+        end
+      end
       saved[n] = { line = fmt_row(row), pass = row.status == "pass" }
       local out = assert(io.open(results_path, "w"))
       for k = 1, #profile.rungs do if saved[k] then out:write(saved[k].line, "\n") end end
