@@ -385,6 +385,35 @@ __global__ void k_state_bwd(kp p, ws w, const float *h0, const void *dout, const
   if (dh0) st_store(p, dh0, sbase, c0, dS);
 }
 
+/* Column d of a chunk's gate gradient, shared by both kernel versions: the reverse cumsum of
+ * dG (held in w.dW; dGn enters at the last row), then the gate chain of §2.1 from the
+ * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the
+ * column's ddt_bias share. */
+static __device__ float gate_chain_col(const kp &p, const ws &w, const void *g, const float *dt_bias,
+                                       int has_A_log, void *dg, int64_t t0, int64_t h, int n, int64_t d,
+                                       float dGn, float ea, float *dAl) {
+  int64_t K = p.K, HV = p.HV;
+  float acc = 0, ddt = 0;
+  for (int r = n - 1; r >= 0; r--) {
+    int64_t ir = ((t0 + r) * HV + h) * K + d;
+    acc += w.dW[ir] + (r == n - 1 ? dGn : 0.f);
+    float dy = acc, dx;
+    if (p.gate_mode == 0) dx = dy;
+    else {
+      float x = ldb(g, ir) + (dt_bias ? dt_bias[h * K + d] : 0.f);
+      if (p.gate_mode == 1) dx = dy * -ea * sigm(x), *dAl += dy * -ea * softplus(x);
+      else {
+        float s = sigm(ea * x);
+        dx = dy * p.lb * s * (1 - s) * ea;
+        if (has_A_log) *dAl += dx * x;
+      }
+      ddt += dx;
+    }
+    stb(dg, ir, dx);
+  }
+  return ddt;
+}
+
 /* ---- backward, chunk-parallel (§4.3) ---------------------------------------------------------- */
 
 /* dQ_inter = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T, per (row, d) */
@@ -528,25 +557,9 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
       w.dQ[ir] = dq, w.dKi[ir] = dk, w.dW[ir] = dG; /* dQ, dKi now hold the totals; dW holds dG */
       w.dKb[ir] = dbp;                               /* dKb read above: reuse for dbeta terms */
     }
-    float acc = 0, ddt = 0;                          /* reverse cumsum + gate chain (§2.1) */
-    for (int r = n - 1; r >= 0; r--) {
-      int64_t ir = ROW(r) * K + d;
-      acc += w.dW[ir] + (r == n - 1 ? dGn : 0.f);
-      float dy = acc, dx;
-      if (p.gate_mode == 0) dx = dy;
-      else {
-        float x = ldb(g, ir) + (dt_bias ? dt_bias[h * K + d] : 0.f);
-        if (p.gate_mode == 1) dx = dy * -ea * sigm(x), dAl += dy * -ea * softplus(x);
-        else {
-          float s = sigm(ea * x);
-          dx = dy * p.lb * s * (1 - s) * ea;
-          if (A_log) dAl += dx * x;
-        }
-        ddt += dx;
-      }
-      stb(dg, ir, dx);
-    }
-    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] = ddt;   /* reduced by k_gate_reduce */
+    /* reverse cumsum + gate chain (§2.1); ddt_bias partials reduced by k_gate_reduce */
+    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] =
+        gate_chain_col(p, w, g, dt_bias, A_log != NULL, dg, t0, h, n, d, dGn, ea, &dAl);
   }
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
@@ -1297,27 +1310,9 @@ __global__ void __launch_bounds__(NT) k_bwd_final_tc(kp p, const void *g, const 
   }
   __syncthreads();
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
-  for (int d = tid; d < K; d += NT) {              /* reverse cumsum + gate chain (§2.1) */
-    float acc = 0, ddt = 0;
-    for (int r = n - 1; r >= 0; r--) {
-      int64_t ir = ROWI(r) * K + d;
-      acc += w.dW[ir] + (r == n - 1 ? dGn[d] : 0.f);
-      float dy = acc, dx;
-      if (p.gate_mode == 0) dx = dy;
-      else {
-        float x = ldb(g, ir) + (dt_bias ? dt_bias[h * K + d] : 0.f);
-        if (p.gate_mode == 1) dx = dy * -ea * sigm(x), dAl += dy * -ea * softplus(x);
-        else {
-          float s = sigm(ea * x);
-          dx = dy * p.lb * s * (1 - s) * ea;
-          if (A_log) dAl += dx * x;
-        }
-        ddt += dx;
-      }
-      stb(dg, ir, dx);
-    }
-    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] = ddt;
-  }
+  for (int d = tid; d < K; d += NT)               /* reverse cumsum + gate chain (§2.1) */
+    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] =
+        gate_chain_col(p, w, g, dt_bias, A_log != NULL, dg, t0, h, n, d, dGn[d], ea, &dAl);
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
   for (int r = tid; r < n; r += NT) {              /* beta chain (§2.2) */
