@@ -147,9 +147,10 @@ static int grad_rule(kda_graph *g, int32_t yid, int32_t dy, const char *need) {
     if (need[1] && accumulate(g, y.in[1], view_like(g, p, kda_desc_numel(&g->nodes[x].d), y.in[1]))) return -1;
     return 0;
   }
-  case KDA_OP_ROPE: {
+  case KDA_OP_ROPE: { /* the inverse rotation at the same positions (pos, when given) */
     int64_t ia[8] = {!y.iattr[0]};
-    return accumulate(g, x, emit(g, KDA_OP_ROPE, 1, &dy, ia, y.fattr));
+    int32_t in[2] = {dy, y.nin > 1 ? y.in[1] : -1};
+    return accumulate(g, x, emit(g, KDA_OP_ROPE, y.nin, in, ia, y.fattr));
   }
   case KDA_OP_ATTENTION: {
     int32_t in[4] = {y.in[0], y.in[1], y.in[2], dy};

@@ -45,7 +45,7 @@ const kda_backend *kda_cuda_backend(void);   /* NULL when built without CUDA or 
 
 /* One CPU op: the reference implementation for every backend and for eager tensors. */
 int kda_cpu_run_node(const kda_exec_node *n);
-/* KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D, KDA_OP_CONV1D_BWD on the CPU (core/cpu_kda.c,
+/* KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D, KDA_OP_CONV1D_BWD and their DECODE forms on the CPU (core/cpu_kda.c,
  * glue over the reference in core/kda_ref.c). */
 int kda_cpu_kda_node(const kda_exec_node *n);
 

@@ -1,4 +1,6 @@
-/* cpu_kda.c — KDA_OP_KDA / KDA_OP_KDA_BWD / KDA_OP_CONV1D / KDA_OP_CONV1D_BWD on the CPU.
+/* cpu_kda.c — KDA_OP_KDA / KDA_OP_KDA_BWD / KDA_OP_CONV1D / KDA_OP_CONV1D_BWD on the CPU, and
+ * their one-token decode forms (KDA_OP_KDA_DECODE, KDA_OP_CONV1D_DECODE), which update a state
+ * leaf (a kda_graph_input: persistent, outside the arena) in place.
  *
  * Glue only: the exec node's views become a kda_kda_args / kda_conv_args and the fp32
  * reference in core/kda_ref.c does the math (chunked forward §3, chunked backward §4 of
@@ -57,6 +59,15 @@ int kda_cpu_kda_node(const kda_exec_node *n) {
     kda_conv_args a = conv_args_of(n);
     float *dx = F(&n->out), *dw = dx + kda_tview_numel(&n->in[0]);
     return kda_convref_backward(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), dx, dw);
+  }
+  case KDA_OP_KDA_DECODE: { /* one token; the state leaf in[7] is updated in place */
+    kda_kda_args a = kda_args_of(n);
+    return kda_kdaref_step(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), F(&n->in[3]), F(&n->in[4]),
+                           F(&n->in[5]), F(&n->in[6]), F(&n->in[7]), F(&n->out));
+  }
+  case KDA_OP_CONV1D_DECODE: { /* one token; the cache leaf in[2] is updated in place */
+    kda_conv_args a = conv_args_of(n);
+    return kda_convref_step(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), F(&n->out));
   }
   default:
     return kda_set_error("%s: not a KDA op", kda_op_name(n->op));

@@ -206,11 +206,13 @@ static void cpu_softmax_bwd(const kda_exec_node *n) {
   }
 }
 
-/* ---- RoPE: rotate pairs (i, i + Dh/2) of each head by angle t * theta^(-2i/Dh) ----------- */
-static void cpu_rope(const kda_exec_node *n) {
+/* ---- RoPE: rotate pairs (i, i + Dh/2) of each head by angle (p0 + t) * theta^(-2i/Dh) ------
+ * p0 = 0, or the position in the optional second input (decoding one token at a time).     */
+static int cpu_rope(const kda_exec_node *n) {
   const float *x = F(&n->in[0]);
   int64_t B = n->in[0].shape[0], T = n->in[0].shape[1], H = n->in[0].shape[2], D = n->in[0].shape[3];
-  int64_t half = D / 2;
+  int64_t half = D / 2, p0 = n->nin > 1 ? *(const int32_t *)n->in[1].data : 0;
+  if (p0 < 0) return kda_set_error("rope: position %lld is negative", (long long)p0);
   float theta = n->fattr[0] > 0 ? n->fattr[0] : 10000.0f;
   float sign = n->iattr[0] ? -1.0f : 1.0f;
   float *y = F(&n->out);
@@ -219,7 +221,7 @@ static void cpu_rope(const kda_exec_node *n) {
     for (int64_t t = 0; t < T; t++) {
       float cs[KDA_ROPE_MAX_DH]; /* cos, sin pairs: once per position, shared by the heads */
       for (int64_t i = 0; i < half; i++) {
-        double ang = (double)t * pow((double)theta, -2.0 * (double)i / (double)D);
+        double ang = (double)(p0 + t) * pow((double)theta, -2.0 * (double)i / (double)D);
         cs[2 * i] = (float)cos(ang), cs[2 * i + 1] = sign * (float)sin(ang);
       }
       for (int64_t h = 0; h < H; h++) {
@@ -232,6 +234,7 @@ static void cpu_rope(const kda_exec_node *n) {
         }
       }
     }
+  return 0;
 }
 
 /* ---- causal attention, [B,T,H,Dh]; P = softmax(q k^T s) with j <= i -------------------- */
@@ -323,6 +326,45 @@ static void cpu_attention_bwd(const kda_exec_node *n) {
     free(p);
     free(dp);
   }
+}
+
+/* Attention for one query row at position pos over cache rows 0..pos (the same math as
+ * attn_probs + cpu_attention above). */
+static int cpu_attn_decode(const kda_exec_node *n) {
+  const float *q = F(&n->in[0]), *k = F(&n->in[1]), *v = F(&n->in[2]);
+  float *kc = F(&n->in[3]), *vc = F(&n->in[4]), *o = F(&n->out);
+  int64_t H = n->in[0].shape[2], D = n->in[0].shape[3], Tmax = n->in[3].shape[0];
+  int64_t pos = *(const int32_t *)n->in[5].data;
+  if (pos < 0 || pos >= Tmax)
+    return kda_set_error("attn_decode: pos %lld is outside the cache of %lld rows: decode at most %lld tokens",
+                         (long long)pos, (long long)Tmax, (long long)Tmax);
+  float s = n->fattr[0] != 0 ? n->fattr[0] : 1.0f / sqrtf((float)D);
+  memcpy(kc + pos * H * D, k, (size_t)(H * D) * sizeof(float));
+  memcpy(vc + pos * H * D, v, (size_t)(H * D) * sizeof(float));
+  float *p = kda_malloc((size_t)(pos + 1) * sizeof(float), "attn_decode scores");
+  if (!p) return -1;
+  for (int64_t h = 0; h < H; h++) {
+    const float *qi = q + h * D;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j <= pos; j++) {
+      const float *kj = kc + (j * H + h) * D;
+      float dot = 0;
+      for (int64_t c = 0; c < D; c++) dot += qi[c] * kj[c];
+      p[j] = dot * s;
+      mx = fmaxf(mx, p[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j <= pos; j++) sum += (p[j] = expf(p[j] - mx));
+    for (int64_t j = 0; j <= pos; j++) p[j] = (float)(p[j] / sum);
+    float *oi = o + h * D;
+    for (int64_t c = 0; c < D; c++) oi[c] = 0;
+    for (int64_t j = 0; j <= pos; j++) {
+      const float *vj = vc + (j * H + h) * D;
+      for (int64_t c = 0; c < D; c++) oi[c] += p[j] * vj[c];
+    }
+  }
+  free(p);
+  return 0;
 }
 
 /* ---- cross-entropy in bits: (logsumexp(z) - z_target) / ln 2 ----------------------------- */
@@ -556,7 +598,7 @@ int kda_cpu_run_node(const kda_exec_node *n) {
   case KDA_OP_RMSNORM_BWD: cpu_rmsnorm_bwd(n); break;
   case KDA_OP_SOFTMAX: cpu_softmax(n); break;
   case KDA_OP_SOFTMAX_BWD: cpu_softmax_bwd(n); break;
-  case KDA_OP_ROPE: cpu_rope(n); break;
+  case KDA_OP_ROPE: return cpu_rope(n);
   case KDA_OP_ATTENTION: cpu_attention(n); break;
   case KDA_OP_ATTENTION_BWD: cpu_attention_bwd(n); break;
   case KDA_OP_CROSS_ENTROPY: cpu_cross_entropy(n, 0); break;
@@ -572,7 +614,9 @@ int kda_cpu_run_node(const kda_exec_node *n) {
   case KDA_OP_EMA: cpu_ema(n); break;
   case KDA_OP_RETRACT: cpu_retract(n); break;
   case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD:
+  case KDA_OP_KDA_DECODE: case KDA_OP_CONV1D_DECODE:
     return kda_cpu_kda_node(n);
+  case KDA_OP_ATTN_DECODE: return cpu_attn_decode(n);
   case KDA_OP_VIEW: break; /* resolved by the plan: an alias, nothing to compute */
   default: return kda_set_error("%s: no CPU implementation", kda_op_name(n->op));
   }

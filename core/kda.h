@@ -64,8 +64,10 @@ enum kda_op {
   KDA_OP_SWIGLU_BWD,      /* (a, b, dy) -> packed [2,...] = da then db                       */
   KDA_OP_SOFTMAX,         /* (x [...,D]) -> softmax over the last dim                        */
   KDA_OP_SOFTMAX_BWD,     /* (y, dy) -> dx                                                   */
-  KDA_OP_ROPE,            /* (x [B,T,H,Dh]) -> rotary position embedding, pairs (i, i+Dh/2);
-                             fattr0 = theta base; iattr0 = 1 rotates backwards (the gradient) */
+  KDA_OP_ROPE,            /* (x [B,T,H,Dh] [, pos [1] i32]) -> rotary position embedding, pairs
+                             (i, i+Dh/2); row t sits at position pos+t (pos = 0 without the
+                             second input; CPU only); fattr0 = theta base; iattr0 = 1 rotates
+                             backwards (the gradient)                                        */
   KDA_OP_ATTENTION,       /* (q,k,v [B,T,H,Dh]) -> causal softmax(q k^T * s) v, [B,T,H,Dh];
                              fattr0 = s (0 means 1/sqrt(Dh))                                 */
   KDA_OP_ATTENTION_BWD,   /* (q,k,v,dout) -> packed [3,B,T,H,Dh] = dq, dk, dv; fattr0 = s    */
@@ -107,6 +109,18 @@ enum kda_op {
   KDA_OP_EMA,             /* (ema, param, state [8]) -> in place: ema = d ema + (1-d) param,
                              d = fattr0; the first step copies param                        */
   KDA_OP_RETRACT,         /* (param [R,C]) -> in place: every row rescaled to L2 norm fattr0 */
+  /* One-token decode ops (forward only, no backward rule; CPU backend). Each reads and
+   * updates a state leaf in place (a kda_graph_input: persistent, never in the arena, zero
+   * at plan build) and writes its own output to an ordinary buffer.                       */
+  KDA_OP_KDA_DECODE,      /* (q [1,1,H,K], k, v [1,1,HV,V], g_raw [1,1,HV,K], beta_raw [1,1,HV],
+                             A_log [HV], dt_bias [HV*K], state [HV,K,V] f32) -> o [1,1,HV,V];
+                             one recurrent step (kda_kdaref_step), state updated in place;
+                             attributes as KDA                                              */
+  KDA_OP_CONV1D_DECODE,   /* (x [1,1,C], w [C,W], cache [C,W] f32) -> y [1,1,C]: the cache (the
+                             last W inputs, oldest first) shifts in x; iattr0 = 1 fuses SiLU  */
+  KDA_OP_ATTN_DECODE,     /* (q, k, v [1,1,H,Dh], kcache [Tmax,H,Dh], vcache [Tmax,H,Dh], pos [1]
+                             i32) -> o [1,1,H,Dh]: writes k, v at row pos of the caches, then
+                             attends over rows 0..pos; fattr0 = scale (0 means 1/sqrt(Dh))  */
   KDA_OP_COUNT
 };
 const char *kda_op_name(int op);

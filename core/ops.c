@@ -29,6 +29,8 @@ static const char *op_names[KDA_OP_COUNT] = {
     [KDA_OP_EMA] = "ema",              [KDA_OP_RETRACT] = "retract",
     [KDA_OP_KDA] = "kda",              [KDA_OP_KDA_BWD] = "kda_bwd",
     [KDA_OP_CONV1D] = "conv1d",        [KDA_OP_CONV1D_BWD] = "conv1d_bwd",
+    [KDA_OP_KDA_DECODE] = "kda_decode", [KDA_OP_CONV1D_DECODE] = "conv1d_decode",
+    [KDA_OP_ATTN_DECODE] = "attn_decode",
 };
 
 const char *kda_op_name(int op) {
@@ -195,6 +197,50 @@ static int infer_conv1d(int op, int nin, const kda_desc *in, kda_desc *out) {
   return 0;
 }
 
+/* A one-token activation: [1,1,...]. */
+static int one_token(const kda_desc *d) { return d->ndim >= 3 && d->shape[0] == 1 && d->shape[1] == 1; }
+static int is_pos(const kda_desc *d) { return d->dtype == KDA_I32 && kda_desc_numel(d) == 1; }
+
+/* KDA_DECODE: the 7 KDA inputs at T = 1 (same checks as KDA), then state [HV,K,V] f32. */
+static int infer_kda_decode(int nin, const kda_desc *in, const int64_t *ia, const float *fa, kda_desc *out) {
+  int op = KDA_OP_KDA_DECODE;
+  if (infer_kda(op, 7, in, ia, fa, out)) return -1;
+  if (!one_token(&in[0])) return bad_kda(op, in, 7, "decode takes one token: q [1,1,H,K]");
+  const kda_desc *s = &in[7];
+  int64_t HV = in[2].shape[2], K = in[0].shape[3], V = in[2].shape[3];
+  if (s->dtype != KDA_F32 || s->ndim != 3 || s->shape[0] != HV || s->shape[1] != K || s->shape[2] != V) {
+    char b[64];
+    return kda_set_error("kda_decode: state %s must be f32 [HV,K,V] = [%lld,%lld,%lld]", kda_desc_str(s, b, 64),
+                         (long long)HV, (long long)K, (long long)V);
+  }
+  (void)nin;
+  return 0;
+}
+
+static int infer_conv1d_decode(const kda_desc *in, kda_desc *out) {
+  int op = KDA_OP_CONV1D_DECODE;
+  const kda_desc *x = &in[0], *w = &in[1], *c = &in[2];
+  if (want_float(op, x, "x") || want_float(op, w, "w")) return -1;
+  if (x->ndim != 3 || !one_token(x) || w->ndim != 2 || w->shape[0] != x->shape[2])
+    return bad(op, in, 3, "want x [1,1,C] and w [C,W]");
+  if (c->dtype != KDA_F32 || !same_shape(c, w)) return bad(op, in, 3, "cache must be f32 [C,W], w's shape");
+  *out = *x;
+  return 0;
+}
+
+static int infer_attn_decode(const kda_desc *in, kda_desc *out) {
+  int op = KDA_OP_ATTN_DECODE;
+  const kda_desc *q = &in[0], *kc = &in[3], *vc = &in[4];
+  if (q->ndim != 4 || !one_token(q) || !same_shape(q, &in[1]) || !same_shape(q, &in[2]))
+    return bad(op, in, 4, "q, k, v must be [1,1,H,Dh]");
+  if (kc->dtype != KDA_F32 || kc->ndim != 3 || kc->shape[1] != q->shape[2] || kc->shape[2] != q->shape[3] ||
+      !same_shape(kc, vc) || vc->dtype != KDA_F32)
+    return bad(op, in, 5, "kcache and vcache must be f32 [Tmax,H,Dh]");
+  if (!is_pos(&in[5])) return kda_set_error("attn_decode: pos must be one int32");
+  *out = *q;
+  return 0;
+}
+
 int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const float *fa,
                  kda_desc *out) {
   (void)fa;
@@ -255,9 +301,10 @@ int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const f
     *out = (kda_desc){in[0].dtype, 1, {kda_desc_numel(&in[0]) + last_dim(&in[0]), 1, 1, 1}};
     return 0;
   case KDA_OP_ROPE:
-    if (want_inputs(op, nin, 1)) return -1;
+    if (nin != 1 && nin != 2) return kda_set_error("rope: takes x and an optional pos [1] i32, got %d inputs", nin);
     if (in[0].ndim != 4 || in[0].shape[3] % 2 || in[0].shape[3] > KDA_ROPE_MAX_DH)
-      return bad(op, in, 1, "x must be [B,T,H,Dh] with even Dh <= 1024");
+      return bad(op, in, nin, "x must be [B,T,H,Dh] with even Dh <= 1024");
+    if (nin == 2 && !is_pos(&in[1])) return bad(op, in, 2, "pos (the position of row 0) must be one int32");
     *out = in[0];
     return 0;
   case KDA_OP_ATTENTION:
@@ -315,6 +362,15 @@ int kda_op_infer(int op, int nin, const kda_desc *in, const int64_t *ia, const f
   case KDA_OP_CONV1D_BWD:
     if (want_inputs(op, nin, 3)) return -1;
     return infer_conv1d(op, nin, in, out);
+  case KDA_OP_KDA_DECODE:
+    if (want_inputs(op, nin, 8)) return -1;
+    return infer_kda_decode(nin, in, ia, fa, out);
+  case KDA_OP_CONV1D_DECODE:
+    if (want_inputs(op, nin, 3)) return -1;
+    return infer_conv1d_decode(in, out);
+  case KDA_OP_ATTN_DECODE:
+    if (want_inputs(op, nin, 6)) return -1;
+    return infer_attn_decode(in, out);
   case KDA_OP_GUARD:
     if (want_inputs(op, nin, 3)) return -1;
     *out = in[0];

@@ -222,7 +222,11 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_SWIGLU_BWD: return kc_swiglu_bwd(n, c);
   case KDA_OP_SOFTMAX: return kc_softmax(n, c);
   case KDA_OP_SOFTMAX_BWD: return kc_softmax_bwd(n, c);
-  case KDA_OP_ROPE: return kc_rope(n, c);
+  case KDA_OP_ROPE:
+    if (n->nin != 1)  /* k_rope always starts at position 0: refuse rather than rotate wrongly */
+      return kda_set_error("cuda: rope at an offset (node %d, a pos input) runs on the CPU backend "
+                           "only (kda sample decodes on the CPU)", n->id);
+    return kc_rope(n, c);
   case KDA_OP_ATTENTION: return kc_attention(n, c);
   case KDA_OP_ATTENTION_BWD: return kc_attention_bwd(n, c);
   case KDA_OP_CROSS_ENTROPY: return kc_cross_entropy(n, c);

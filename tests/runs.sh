@@ -73,9 +73,8 @@ else bad "kda report" "$out"; fi
 a=$($KDA sample ref --prompt "The " -n 50 --temperature 0.9 --seed 4 2>/dev/null | od -An -tx1)
 b=$($KDA sample ref --prompt "The " -n 50 --temperature 0.9 --seed 4 2>/dev/null | od -An -tx1)
 n=$($KDA sample ref --prompt "The " -n 50 --seed 4 2>/dev/null | wc -c)
-note=$($KDA sample ref -n 1 2>&1 >/dev/null)
-if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$n" = 55 ] && grep -q "no KV cache" <<<"$note"; then ok "kda sample: prompt + n bytes, deterministic, notes the missing KV cache"
-else bad "kda sample" "n=$n note=$note"; fi
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$n" = 55 ]; then ok "kda sample: prompt + n bytes, deterministic"
+else bad "kda sample" "n=$n"; fi
 out=$($KDA sample nope 2>&1); [ $? -ne 0 ] && grep -q "runs/nope/config.lua does not exist" <<<"$out" && ok "sample names a missing run" \
   || bad "sample names a missing run" "$out"
 

@@ -318,6 +318,152 @@ static void fwd_conv(void) {
   kda_tensor_free(x), kda_tensor_free(w);
 }
 
+/* ---- decode ops: token by token against the full-sequence ops ---------------------------- */
+static kda_tensor *row_view(kda_tensor *x, int64_t t, int ndim) { /* [1,1,...] row t of [1,T,...] */
+  int64_t sh[4] = {1, 1, 1, 1}, per = 1;
+  for (int i = 2; i < ndim; i++) sh[i] = kda_tensor_dim(x, i), per *= sh[i];
+  return kda_tensor_view(x, t * per, ndim, sh);
+}
+static kda_tensor *pos_tensor(int32_t p) {
+  int64_t s1[1] = {1};
+  kda_tensor *t = kda_tensor_new(KDA_I32, 1, s1);
+  *(int32_t *)kda_tensor_data(t) = p;
+  return t;
+}
+/* Runs a decode op once per row and packs the outputs; NULL (error set) on failure. */
+static kda_tensor *collect(kda_tensor *full_like, int64_t t, kda_tensor *step_out) {
+  if (!step_out) return NULL;
+  int64_t per = kda_tensor_numel(step_out);
+  memcpy(D(full_like) + t * per, D(step_out), (size_t)per * sizeof(float));
+  kda_tensor_free(step_out);
+  return full_like;
+}
+
+static void fwd_decode(void) {
+  enum { T = 9, H = 2, Dh = 6, Tmax = 12 };
+  /* ROPE at an offset: [2,T,H,Dh] one row (and two rows) at a time vs the whole sequence */
+  {
+    int64_t s[4] = {2, T, H, Dh};
+    kda_tensor *x = randt(4, s, 41);
+    float theta[8] = {500};
+    kda_tensor *full = kda_tensor_op(KDA_OP_ROPE, 1, &x, NULL, theta), *got = kda_tensor_new(KDA_F32, 4, s);
+    int ok = full != NULL;
+    for (int b = 0; b < 2 && ok; b++)
+      for (int t = 0; t < T && ok; t += 2) {
+        int64_t n = t + 2 <= T ? 2 : 1, sh[4] = {1, n, H, Dh};
+        kda_tensor *xv = kda_tensor_view(x, (b * T + t) * H * Dh, 4, sh), *pos = pos_tensor(t);
+        kda_tensor *in[2] = {xv, pos}, *y = kda_tensor_op(KDA_OP_ROPE, 2, in, NULL, theta);
+        if (!y) ok = 0;
+        else memcpy(D(got) + (b * T + t) * H * Dh, D(y), (size_t)(n * H * Dh) * sizeof(float)), kda_tensor_free(y);
+        kda_tensor_free(xv), kda_tensor_free(pos);
+      }
+    if (!ok) check(0, "rope at an offset == rope over the sequence", kda_last_error()), kda_tensor_free(got);
+    else expect_close("rope at an offset == rope over the sequence", got, D(full), 1e-6);
+    /* and the offset matters: pos 3 on row 0 equals row 3 of the full rope only when x matches */
+    kda_tensor_free(full), kda_tensor_free(x);
+  }
+  /* ATTN_DECODE: T calls with the caches vs ATTENTION over [1,T,H,Dh] */
+  {
+    int64_t s[4] = {1, T, H, Dh}, sc[3] = {Tmax, H, Dh};
+    kda_tensor *q = randt(4, s, 42), *k = randt(4, s, 43), *v = randt(4, s, 44);
+    kda_tensor *kc = kda_tensor_new(KDA_F32, 3, sc), *vc = kda_tensor_new(KDA_F32, 3, sc);
+    kda_tensor *qkv[3] = {q, k, v}, *full = kda_tensor_op(KDA_OP_ATTENTION, 3, qkv, NULL, NULL);
+    kda_tensor *got = kda_tensor_new(KDA_F32, 4, s);
+    for (int t = 0; t < T && got; t++) {
+      kda_tensor *qv = row_view(q, t, 4), *kv = row_view(k, t, 4), *vv = row_view(v, t, 4), *pos = pos_tensor(t);
+      kda_tensor *in[6] = {qv, kv, vv, kc, vc, pos};
+      kda_tensor *y = kda_tensor_op(KDA_OP_ATTN_DECODE, 6, in, NULL, NULL);
+      if (!collect(got, t, y)) kda_tensor_free(got), got = NULL;
+      kda_tensor_free(qv), kda_tensor_free(kv), kda_tensor_free(vv), kda_tensor_free(pos);
+    }
+    if (!got || !full) check(0, "attn_decode x T == attention", kda_last_error()), kda_tensor_free(got);
+    else expect_close("attn_decode x T == attention", got, D(full), 1e-6);
+    check(D(kc)[(T - 1) * H * Dh + 1] == D(k)[(T - 1) * H * Dh + 1] && D(kc)[T * H * Dh] == 0,
+          "attn_decode writes k at row pos of the cache, nothing past it", "cache row differs");
+    kda_tensor *qv = row_view(q, 0, 4), *pos = pos_tensor(Tmax);
+    kda_tensor *in[6] = {qv, qv, qv, kc, vc, pos};
+    kda_tensor *y = kda_tensor_op(KDA_OP_ATTN_DECODE, 6, in, NULL, NULL);
+    check(!y && strstr(kda_last_error(), "outside the cache"), "attn_decode past the cache is an error", kda_last_error());
+    kda_tensor_free(y), kda_tensor_free(qv), kda_tensor_free(pos);
+    kda_tensor_free(full), kda_tensor_free(q), kda_tensor_free(k), kda_tensor_free(v), kda_tensor_free(kc), kda_tensor_free(vc);
+  }
+  /* CONV1D_DECODE: T calls with the cache vs CONV1D over [1,T,C], with and without SiLU */
+  for (int silu = 0; silu < 2; silu++) {
+    enum { C = 5, W = 4 };
+    int64_t sx[3] = {1, T, C}, sw[2] = {C, W};
+    kda_tensor *x = randt(3, sx, 45), *w = randt(2, sw, 46), *cache = kda_tensor_new(KDA_F32, 2, sw);
+    int64_t ia[8] = {silu};
+    kda_tensor *xw[2] = {x, w}, *full = kda_tensor_op(KDA_OP_CONV1D, 2, xw, ia, NULL), *got = kda_tensor_new(KDA_F32, 3, sx);
+    for (int t = 0; t < T && got; t++) {
+      kda_tensor *xv = row_view(x, t, 3), *in[3] = {xv, w, cache};
+      if (!collect(got, t, kda_tensor_op(KDA_OP_CONV1D_DECODE, 3, in, ia, NULL))) kda_tensor_free(got), got = NULL;
+      kda_tensor_free(xv);
+    }
+    const char *name = silu ? "conv1d_decode x T == conv1d (fused silu)" : "conv1d_decode x T == conv1d";
+    if (!got || !full) check(0, name, kda_last_error()), kda_tensor_free(got);
+    else expect_close(name, got, D(full), 1e-6);
+    kda_tensor_free(full), kda_tensor_free(x), kda_tensor_free(w), kda_tensor_free(cache);
+  }
+  /* KDA_DECODE: T recurrent steps vs the chunked KDA (chunk 4, so several chunks), GVA */
+  {
+    enum { KH = 2, HV = 4, K = 8, V = 4, KT = 11 };
+    int64_t sq[4] = {1, KT, KH, K}, sv[4] = {1, KT, HV, V}, sg[4] = {1, KT, HV, K}, sb[3] = {1, KT, HV};
+    int64_t sa[1] = {HV}, sd[1] = {HV * K}, ss[3] = {HV, K, V};
+    kda_tensor *in[7] = {randt(4, sq, 51), randt(4, sq, 52), randt(4, sv, 53), randt(4, sg, 54),
+                         randt(3, sb, 55), randt(1, sa, 56), randt(1, sd, 57)};
+    kda_tensor *state = kda_tensor_new(KDA_F32, 3, ss);
+    int64_t ia[8] = {KDA_GATE_SOFTPLUS, 1, KDA_BETA_SIGMOID, 4};
+    kda_tensor *full = kda_tensor_op(KDA_OP_KDA, 7, in, ia, NULL), *got = kda_tensor_new(KDA_F32, 4, sv);
+    for (int t = 0; t < KT && got; t++) {
+      kda_tensor *st[8] = {row_view(in[0], t, 4), row_view(in[1], t, 4), row_view(in[2], t, 4),
+                           row_view(in[3], t, 4), row_view(in[4], t, 3), in[5], in[6], state};
+      if (!collect(got, t, kda_tensor_op(KDA_OP_KDA_DECODE, 8, st, ia, NULL))) kda_tensor_free(got), got = NULL;
+      for (int i = 0; i < 5; i++) kda_tensor_free(st[i]);
+    }
+    if (!got || !full) check(0, "kda_decode x T == kda (chunked)", kda_last_error()), kda_tensor_free(got);
+    else expect_close("kda_decode x T == kda (chunked)", got, D(full), 1e-4);
+    double ss2 = 0;
+    for (int64_t i = 0; i < kda_tensor_numel(state); i++) ss2 += D(state)[i] * D(state)[i];
+    check(ss2 > 0, "kda_decode updates its state in place", "state still zero");
+    kda_tensor_free(full), kda_tensor_free(state);
+    for (int i = 0; i < 7; i++) kda_tensor_free(in[i]);
+  }
+}
+
+/* The planner: a decode op's state leaf stays persistent (outside the arena), its output is an
+ * arena buffer, and a plan run T times with pos written each step reproduces ATTENTION. */
+static void plan_decode(void) {
+  enum { T = 7, H = 2, Dh = 4 };
+  int64_t s1[4] = {1, 1, H, Dh}, sc[3] = {T, H, Dh}, sp[1] = {1}, sf[4] = {1, T, H, Dh};
+  kda_graph *g = kda_graph_new();
+  int32_t q = kda_graph_input(g, "q", KDA_F32, 4, s1), k = kda_graph_input(g, "k", KDA_F32, 4, s1);
+  int32_t v = kda_graph_input(g, "v", KDA_F32, 4, s1), pos = kda_graph_input(g, "pos", KDA_I32, 1, sp);
+  int32_t kc = kda_graph_input(g, "k_cache", KDA_F32, 3, sc), vc = kda_graph_input(g, "v_cache", KDA_F32, 3, sc);
+  int32_t in[6] = {q, k, v, kc, vc, pos};
+  int32_t o = kda_graph_op(g, KDA_OP_ATTN_DECODE, 6, in, NULL, NULL);
+  int32_t y = kda_graph_op(g, KDA_OP_SCALE, 1, &o, NULL, (float[8]){2.0f});
+  kda_graph_keep(g, y);
+  kda_plan *p = o >= 0 && y >= 0 ? kda_plan_build(g, KDA_BACKEND_CPU) : NULL;
+  if (!p) { check(0, "decode plan builds", kda_last_error()); kda_graph_free(g); return; }
+  check(kda_plan_node_offset(p, kc) == -1 && kda_plan_node_offset(p, vc) == -1 && kda_plan_node_offset(p, o) >= 0,
+        "decode plan: caches persistent, the op's output in the arena", "a cache is in the arena");
+  kda_tensor *Q = randt(4, sf, 61), *K = randt(4, sf, 62), *V = randt(4, sf, 63), *got = kda_tensor_new(KDA_F32, 4, sf);
+  int ok = 1;
+  for (int32_t t = 0; t < T && ok; t++) {
+    int64_t b = H * Dh * 4;
+    ok = !kda_plan_write(p, q, D(Q) + t * H * Dh, b) && !kda_plan_write(p, k, D(K) + t * H * Dh, b) &&
+         !kda_plan_write(p, v, D(V) + t * H * Dh, b) && !kda_plan_write(p, pos, &t, 4) &&
+         !kda_plan_run(p, KDA_RUN_FORWARD) && !kda_plan_read(p, y, D(got) + t * H * Dh, b);
+  }
+  kda_tensor *qkv[3] = {Q, K, V}, *full = kda_tensor_op(KDA_OP_ATTENTION, 3, qkv, NULL, NULL);
+  if (ok && full) for (int64_t i = 0; i < kda_tensor_numel(full); i++) D(full)[i] *= 2;
+  if (!ok || !full) check(0, "decode plan x T == attention", kda_last_error()), kda_tensor_free(got);
+  else expect_close("decode plan x T == attention", got, D(full), 1e-6);
+  kda_tensor_free(full), kda_tensor_free(Q), kda_tensor_free(K), kda_tensor_free(V);
+  kda_plan_free(p);
+  kda_graph_free(g);
+}
+
 /* a parameter used twice: gradients must add up */
 static int32_t b_reuse(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, op1(g, KDA_OP_SILU, p[0], NULL, NULL), p[0], NULL, NULL); }
 
@@ -328,6 +474,8 @@ int main(void) {
   fwd_loss_embed();
   fwd_conv();
   fwd_kda(16, "kda forward (chunk 16) vs fp64 recurrence");
+  fwd_decode();
+  plan_decode();
   fwd_kda(0, "kda forward (default chunk 64, T=70) vs fp64 recurrence");
 
   static const int64_t mm[2][5] = {{2, 3, 4}, {2, 4, 5}}, mmt[2][5] = {{2, 3, 4}, {2, 5, 4}};

@@ -95,7 +95,10 @@ function Node:gelu() return self.G:op(C.KDA_OP_GELU, { self }) end
 function Node:sigmoid() return self.G:op(C.KDA_OP_SIGMOID, { self }) end
 function Node:swiglu(b) return self.G:op(C.KDA_OP_SWIGLU, { self, b }) end
 function Node:softmax() return self.G:op(C.KDA_OP_SOFTMAX, { self }) end
-function Node:rope(theta) return self.G:op(C.KDA_OP_ROPE, { self }, nil, { theta or 10000 }) end
+-- x:rope(theta [, pos]): pos, a [1] i32 node, is the position of row 0 (decoding; CPU only).
+function Node:rope(theta, pos)
+  return self.G:op(C.KDA_OP_ROPE, pos and { self, pos } or { self }, nil, { theta or 10000 })
+end
 function Node:attention(k, v, scale) return self.G:op(C.KDA_OP_ATTENTION, { self, k, v }, nil, { scale or 0 }) end
 -- q:kda(k, v, g_raw, beta_raw, A_log, dt_bias, opts) -> o [B,T,HV,V] (KDA_OP_KDA, core/kda_ref.h).
 -- opts: gate_mode (1 softplus | 0 log | 2 lower bound), qk_l2norm (true), beta_mode (1 sigmoid |
@@ -108,6 +111,21 @@ function Node:kda(k, v, g, beta, A_log, dt_bias, o)
 end
 -- x [B,T,C]:conv1d(w [C,W], silu) -> depthwise causal conv, SiLU fused when silu is true.
 function Node:conv1d(w, silu) return self.G:op(C.KDA_OP_CONV1D, { self, w }, { silu and 1 or 0 }) end
+-- One-token decode ops (forward only, CPU): each updates its state leaf (a G:input, persistent,
+-- zero at plan build) in place and returns its own output.
+-- q [1,1,H,Dh]:attn_decode(k, v, kcache [Tmax,H,Dh], vcache, pos [1] i32, scale) -> o [1,1,H,Dh]
+function Node:attn_decode(k, v, kc, vc, pos, scale)
+  return self.G:op(C.KDA_OP_ATTN_DECODE, { self, k, v, kc, vc, pos }, nil, { scale or 0 })
+end
+-- x [1,1,C]:conv1d_decode(w [C,W], cache [C,W], silu) -> y [1,1,C]
+function Node:conv1d_decode(w, cache, silu) return self.G:op(C.KDA_OP_CONV1D_DECODE, { self, w, cache }, { silu and 1 or 0 }) end
+-- q [1,1,H,K]:kda_decode(k, v, g_raw, beta_raw, A_log, dt_bias, state [HV,K,V], opts): as Node:kda
+function Node:kda_decode(k, v, g, beta, A_log, dt_bias, state, o)
+  o = o or {}
+  local l2 = o.qk_l2norm == nil and 1 or ((o.qk_l2norm == true or o.qk_l2norm == 1) and 1 or 0)
+  return self.G:op(C.KDA_OP_KDA_DECODE, { self, k, v, g, beta, A_log, dt_bias, state },
+                   { o.gate_mode or 1, l2, o.beta_mode or 1, o.chunk or 64 }, { o.scale or 0, o.lower_bound or 0 })
+end
 function Node:cross_entropy(t) return self.G:op(C.KDA_OP_CROSS_ENTROPY, { self, t }) end
 function Node:sum() return self.G:op(C.KDA_OP_SUM, { self }) end
 function Node:mean() return self.G:op(C.KDA_OP_MEAN, { self }) end

@@ -54,20 +54,30 @@ end
 
 -- Attention{d, heads, rope=true}: causal self-attention on x [B*T, d] given B, T.
 nn.Attention = class("Attention")
+nn.Attention.decodes = true    -- forward takes dec (one-token decoding with a KV cache)
 function nn.Attention:init(o)
   self.d, self.heads, self.rope, self.theta = o.d, o.heads, o.rope ~= false, o.theta or 10000
   if self.d % self.heads ~= 0 then util.fail(("Attention: d=%d is not a multiple of heads=%d"):format(self.d, self.heads)) end
   self.q, self.k, self.v = nn.Linear(o.d, o.d), nn.Linear(o.d, o.d), nn.Linear(o.d, o.d)
   self.o = nn.Linear(o.d, o.d, { std = o.out_std })
 end
-function nn.Attention:forward(G, x, name, B, T)
+-- dec (decoding one token, see nn.GPT:decode_graph): x is [1, d], B = T = 1; RoPE at dec.pos and
+-- attention over the caches "<name>.k_cache", "<name>.v_cache" [dec.max_len, heads, head_dim].
+function nn.Attention:forward(G, x, name, B, T, dec)
   local dh = self.d / self.heads
   local function heads(lin, part)
     local y = lin:forward(G, x, name .. "." .. part):reshape(B, T, self.heads, dh)
-    if self.rope and part ~= "v" then y = y:rope(self.theta) end
+    if self.rope and part ~= "v" then y = y:rope(self.theta, dec and dec.pos or nil) end
     return y
   end
-  local o = heads(self.q, "q"):attention(heads(self.k, "k"), heads(self.v, "v"))
+  local o
+  if dec then
+    local kc = dec:state(G, name .. ".k_cache", { dec.max_len, self.heads, dh })
+    local vc = dec:state(G, name .. ".v_cache", { dec.max_len, self.heads, dh })
+    o = heads(self.q, "q"):attn_decode(heads(self.k, "k"), heads(self.v, "v"), kc, vc, dec.pos)
+  else
+    o = heads(self.q, "q"):attention(heads(self.k, "k"), heads(self.v, "v"))
+  end
   return self.o:forward(G, o:reshape(B * T, self.d), name .. ".o")
 end
 
@@ -81,6 +91,7 @@ end
 -- dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1], >= 1e-4) from :post_init(plan, name,
 -- seed), which kda.train calls after plan:init_params (call it yourself for hand-built plans).
 nn.KDA = class("KDA")
+nn.KDA.decodes = true          -- forward takes dec (recurrent decoding, KDA.md §5)
 function nn.KDA:init(o)
   o = util.defaults(o, { d = false, heads = false, head_dim = false, v_heads = false, expand_v = 1, conv = 4,
                          chunk = 64, out_std = false, norm_eps = 1e-5 }, "KDA")
@@ -99,12 +110,18 @@ function nn.KDA:init(o)
   self.g1, self.g2 = nn.Linear(d, V), nn.Linear(V, HV * V, { bias = true })
   self.o_proj = nn.Linear(HV * V, d, { std = o.out_std or nil })
 end
-function nn.KDA:forward(G, x, name, B, T)
+-- dec (one token, see nn.GPT:decode_graph): B = T = 1; the convs keep "<name>.q_conv.cache" (k, v
+-- alike) [C, conv] and the recurrence "<name>.kda_state" [HV, K, V] (KDA.md §5).
+function nn.KDA:forward(G, x, name, B, T, dec)
   local H, HV, K, V = self.H, self.HV, self.K, self.V
   local function conv_branch(lin, part, heads, hd)
     local y = lin:forward(G, x, name .. "." .. part .. "_proj"):reshape(B, T, heads * hd)
     -- nn.Conv1d's default init (kaiming uniform, a=sqrt(5)): U(+-1/sqrt(width))
     local w = G:param(name .. "." .. part .. "_conv.weight", { heads * hd, self.conv }, "uniform", 1 / math.sqrt(self.conv))
+    if dec then
+      local cache = dec:state(G, name .. "." .. part .. "_conv.cache", { heads * hd, self.conv })
+      return y:conv1d_decode(w, cache, true):reshape(B, T, heads, hd)
+    end
     return y:conv1d(w, true):reshape(B, T, heads, hd)
   end
   local q, k, v = conv_branch(self.q_proj, "q", H, K), conv_branch(self.k_proj, "k", H, K), conv_branch(self.v_proj, "v", HV, V)
@@ -112,7 +129,12 @@ function nn.KDA:forward(G, x, name, B, T)
   local beta = self.b_proj:forward(G, x, name .. ".b_proj"):reshape(B, T, HV)
   local A_log = G:param(name .. ".A_log", { HV }, "zero", 0, { no_decay = true })
   local dt_bias = G:param(name .. ".dt_bias", { HV * K }, "zero", 0, { no_decay = true })
-  local o = q:kda(k, v, g, beta, A_log, dt_bias, { chunk = self.chunk })
+  local o
+  if dec then
+    o = q:kda_decode(k, v, g, beta, A_log, dt_bias, dec:state(G, name .. ".kda_state", { HV, K, V }), { chunk = self.chunk })
+  else
+    o = q:kda(k, v, g, beta, A_log, dt_bias, { chunk = self.chunk })
+  end
   o = o:reshape(B * T * HV, V):rmsnorm(G:param(name .. ".o_norm.weight", { V }, "one", 0, { no_decay = true }), self.eps)
   local gate = self.g2:forward(G, self.g1:forward(G, x, name .. ".g1"), name .. ".g2"):sigmoid():reshape(B * T * HV, V)
   return self.o_proj:forward(G, o:mul(gate):reshape(B * T, HV * V), name .. ".o_proj")
@@ -150,8 +172,12 @@ function nn.Block:init(o)
   self.mixer = o.mixer or nn.Attention { d = o.d, heads = o.heads, rope = o.rope, out_std = out_std }
   self.mlp = nn.MLP(o.d, o.ffn, out_std)
 end
-function nn.Block:forward(G, x, name, B, T)
-  x = x:add(self.mixer:forward(G, self.norm1:forward(G, x, name .. ".norm1"), name .. ".mix", B, T))
+function nn.Block:forward(G, x, name, B, T, dec)
+  if dec and not self.mixer.decodes then
+    util.fail(("decode: the mixer of %s (%s) has no one-token decode path; only nn.Attention and nn.KDA decode")
+      :format(name, tostring(getmetatable(self.mixer) and getmetatable(self.mixer).__name)))
+  end
+  x = x:add(self.mixer:forward(G, self.norm1:forward(G, x, name .. ".norm1"), name .. ".mix", B, T, dec))
   return x:add(self.mlp:forward(G, self.norm2:forward(G, x, name .. ".norm2"), name .. ".mlp"))
 end
 
@@ -180,6 +206,42 @@ function nn.GPT:forward(G, ids)
   x = self.norm:forward(G, x, "norm")
   if self.head then return self.head:forward(G, x, "head") end
   return x:matmul(self.embed:weight(G, "embed"), false, true)
+end
+
+-- The one-token decode graph (kda sample): inputs tokens [1,1] i32 and pos [1] i32 (the position
+-- of that token, 0-based); parameters under the training graph's names (a checkpoint's model
+-- file loads into it); per-layer state leaves (KV caches, conv caches, KDA states: f32 inputs,
+-- zero at plan build, updated in place by each run) listed in dec.states. o.max_len (default:
+-- o.seq or 1024) = Tmax, the rows of the attention caches. Returns dec = {G, tokens, pos,
+-- logits [1, vocab] (kept), states, max_len}; dec:reset(plan) zeroes the states.
+local Decode = {}
+Decode.__index = Decode
+function Decode:state(G, name, shape)
+  local n = G:input(name, "f32", shape)
+  self.states[#self.states + 1] = n
+  return n
+end
+function Decode:reset(plan)
+  local ffi = require "ffi"
+  for _, n in ipairs(self.states) do
+    local bytes = 4 * n:numel()
+    local z = ffi.new("uint8_t[?]", bytes)
+    plan:write(n, z, bytes)
+  end
+end
+function nn.GPT:decode_graph(o)
+  o = o or {}
+  local G = o.G or require("kda.graph").new()
+  local dec = setmetatable({ G = G, states = {}, max_len = o.max_len or o.seq or 1024 }, Decode)
+  dec.tokens = G:input("tokens", "i32", { 1, 1 })
+  dec.pos = G:input("pos", "i32", { 1 })
+  local d = self.cfg.d
+  local x = self.embed:forward(G, dec.tokens, "embed"):reshape(1, d)
+  for i, blk in ipairs(self.blocks) do x = blk:forward(G, x, "blocks." .. (i - 1), 1, 1, dec) end
+  x = self.norm:forward(G, x, "norm")
+  local logits = self.head and self.head:forward(G, x, "head") or x:matmul(self.embed:weight(G, "embed"), false, true)
+  dec.logits = G:keep(logits)
+  return dec
 end
 
 -- Model-specific inits that kda_plan_init_params cannot express (KDA's A_log, dt_bias).

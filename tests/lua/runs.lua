@@ -164,6 +164,72 @@ test("report: one well-formed HTML file with an SVG per domain and the loss", fu
   end
 end)
 
+-- The one-token decode graph (nn.GPT:decode_graph) against the training graph's forward: the
+-- same parameters (copied by name), a 20-byte sequence, the logits at every position.
+local function decode_matches(model, tol)
+  local Tn, V = 20, 256
+  local G = kda.graph.new()
+  local tokens = G:input("tokens", "i32", { 1, Tn })
+  local logits = G:keep(model:forward(G, tokens))
+  local plan = kda.Plan.build(G, "cpu")
+  plan:init_params(7)
+  model:post_init(plan, 7)
+  local dec = model:decode_graph { max_len = 24 }
+  local dplan = kda.Plan.build(dec.G, "cpu")
+  local nparams = 0
+  for _, s in ipairs(plan:state()) do
+    local d = dec.G:find(s.name)
+    expect(d, "decode graph lacks parameter " .. s.name)
+    local buf = ffi.new("float[?]", s.numel)
+    plan:read(s.node, buf, 4 * s.numel)
+    dplan:write(d, buf, 4 * s.numel)
+    nparams = nparams + 1
+  end
+  expect(nparams == #dplan:state(), ("decode graph has %d parameters, training %d"):format(#dplan:state(), nparams))
+  local text = "The quick brown fox."
+  local x = ffi.new("int32_t[?]", Tn)
+  for i = 0, Tn - 1 do x[i] = text:byte(i + 1) end
+  plan:write(tokens, x, 4 * Tn)
+  plan:run(true)
+  local full = ffi.new("float[?]", Tn * V)
+  plan:read(logits, full, 4 * Tn * V)
+  local row, tok, pos = ffi.new("float[?]", V), ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
+  local worst = 0
+  for t = 0, Tn - 1 do
+    tok[0], pos[0] = x[t], t
+    dplan:write(dec.tokens, tok, 4)
+    dplan:write(dec.pos, pos, 4)
+    dplan:run(true)
+    dplan:read(dec.logits, row, 4 * V)
+    local num, den = 0, 1e-6
+    for j = 0, V - 1 do
+      num = math.max(num, math.abs(row[j] - full[t * V + j]))
+      den = math.max(den, math.abs(full[t * V + j]))
+    end
+    worst = math.max(worst, num / den)
+  end
+  expect(worst <= tol, ("decode logits differ from the forward: relative %.3g > %g"):format(worst, tol))
+  -- reset zeroes the states: decoding position 0 again gives the first row again
+  dec:reset(dplan)
+  tok[0], pos[0] = x[0], 0
+  dplan:write(dec.tokens, tok, 4)
+  dplan:write(dec.pos, pos, 4)
+  dplan:run(true)
+  dplan:read(dec.logits, row, 4 * V)
+  for j = 0, V - 1 do expect(math.abs(row[j] - full[j]) <= tol * 10 * (1 + math.abs(full[j])), "reset does not restart") end
+  return #dec.states
+end
+
+test("decode graph: GPT (RoPE, KV cache) logits at every position == the forward's", function()
+  local n = decode_matches(kda.nn.GPT { d = 32, layers = 2, heads = 2 }, 1e-4)
+  expect(n == 4, "states: " .. n)
+end)
+
+test("decode graph: hybrid (KDA state + conv caches, NoPE attention) logits == the forward's", function()
+  local n = decode_matches(kda.nn.hybrid { d = 32, layers = 2, heads = 2, attn_every = 2, chunk = 8 }, 1e-4)
+  expect(n == 4 + 2, "states: " .. n)                  -- layer 1: 3 conv caches + kda_state; layer 2: k, v caches
+end)
+
 test("sample: n bytes, the same for the same seed", function()
   local S = require "kda.sample"
   local a = S.generate { run = "one", prompt = "The ", n = 40, temperature = 0.8, seed = 5, quiet = true }
