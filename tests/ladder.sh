@@ -40,6 +40,15 @@ EOF
   else
     fail=$((fail+1)); echo "FAIL - curve comparison:"; grep -E "^rung" <<<"$out" | tail -4
   fi
+  # a recipe pins a domain to its bytes: "prose@<sha256 prefix from MANIFEST>"
+  sum=$(awk '$1 == "domain" && $2 == "prose" { print substr($4, 1, 12) }' "$root/data/small/MANIFEST")
+  good=$(cd "$tmp" && "$root/kda" -e "local d = require('kda.data').open{manifest='$root/data/small', domains={'prose@$sum'}}; print('opened', d:domains()[1].name)" 2>&1)
+  badp=$(cd "$tmp" && "$root/kda" -e "require('kda.data').open{manifest='$root/data/small', domains={'prose@0123456789ab'}}" 2>&1)
+  if grep -qE "opened\s+prose" <<<"$good" && grep -q "the recipe asks for 0123456789ab" <<<"$badp"; then
+    pass=$((pass+1)); echo "ok - a pinned domain opens only with the bytes its checksum names"
+  else
+    fail=$((fail+1)); echo "FAIL - domain pin: $good / $badp"
+  fi
 fi
 if [ $skip -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
 [ $fail -eq 0 ]

@@ -14,12 +14,43 @@ local M = {}
 local Data = {}
 Data.__index = Data
 
+-- A domain may be pinned to the bytes a recipe was written for: "prose@6a2633e0" names the
+-- domain and a prefix of its sha256 as recorded in MANIFEST (written by vendor/data.sh). A
+-- shared recipe then runs on another machine's corpus only if it holds the same bytes.
+local function pinned(dir, names)
+  local out, want = {}, {}
+  for i, n in ipairs(names) do
+    local name, sum = n:match("^([^@]+)@(%x+)$")
+    out[i] = name or n
+    if name then want[name] = sum:lower() end
+  end
+  if next(want) == nil then return out end
+  local f = io.open(dir .. "/MANIFEST", "r")
+  if not f then util.fail(("data: %s/MANIFEST is missing: build the corpus with 'bash vendor/data.sh'"):format(dir)) end
+  local have = {}
+  for line in f:lines() do
+    local name, sha = line:match("^domain%s+(%S+)%s+%d+%s+(%x+)%s")
+    if name then have[name] = sha:lower() end
+  end
+  f:close()
+  for name, sum in pairs(want) do
+    if not have[name] then util.fail(("data: %s/MANIFEST has no domain '%s'"):format(dir, name)) end
+    if have[name]:sub(1, #sum) ~= sum then
+      util.fail(("data: domain '%s' in %s has sha256 %s..., the recipe asks for %s...: it was written for other bytes; rebuild the corpus or update the recipe")
+                :format(name, dir, have[name]:sub(1, 12), sum))
+    end
+  end
+  return out
+end
+M.pinned = pinned
+
 -- spec: {manifest = dir, domains = {names...}, weights = {...}} or a list of {path=, name=, weight=}.
+-- Domain names may carry a checksum pin: "prose@6a2633e0" (see pinned above).
 function M.open(spec)
   local d
   local keep = {}
   if spec.manifest then
-    local names = spec.domains or {}
+    local names = pinned(spec.manifest, spec.domains or {})
     local n = #names
     local cnames = ffi.new("const char*[?]", math.max(n, 1), names)
     local w = spec.weights and ffi.new("double[?]", n, spec.weights) or nil

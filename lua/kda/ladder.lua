@@ -94,7 +94,8 @@ function M.run(profile, opts)
       row.status, row.line = "pass", saved[n].line
       print(("rung %d: passed earlier (runs/ladder/results.tsv) — skipping"):format(n))
     else
-      local bar, bar_name = bar_value(d, rung.domain, rung.bar, cache)
+      local domain = rung.domain:match("^[^@]+")        -- "prose@6a2633e0": a pinned domain
+      local bar, bar_name = bar_value(d, domain, rung.bar, cache)
       row.bar, row.bar_name = bar, bar_name
       local model = require("kda.train").model(rung.model)
       local params = kda.nn.count_params(model, rung.batch, rung.seq)
@@ -111,13 +112,13 @@ function M.run(profile, opts)
                             eval_every = rung.eval_every or 0, backend = rung.backend,
                             max_seconds = rung.max_seconds or 0, run = run, fresh = true, resume = false }
       local bars = assert(io.open(require("kda.run").dir(run) .. "/bars.tsv", "w"))
-      bars:write(("%s\t%s\t%.4f\n"):format(rung.domain, bar_name, bar))
+      bars:write(("%s\t%s\t%.4f\n"):format(domain, bar_name, bar))
       bars:close()
-      row.bpb, row.tokens, row.seconds = r.bpb[rung.domain], r.tokens, kda.now() - t0
+      row.bpb, row.tokens, row.seconds = r.bpb[domain], r.tokens, kda.now() - t0
       row.status = row.bpb < bar and "pass" or "fail"
       print(("rung %d: %s — %.4f bpb vs bar %.4f"):format(n, row.status:upper(), row.bpb, bar))
       if rung.compare then -- "beats rung N's curve at equal tokens"
-        local ref = at_tokens(curve(("ladder-rung-%d"):format(rung.compare), rung.domain), r.tokens)
+        local ref = at_tokens(curve(("ladder-rung-%d"):format(rung.compare), domain), r.tokens)
         if not ref then
           row.status = "fail"
           print(("rung %d: rung %d's run has no evaluations spanning %d tokens: run it (with eval_every) first"):format(n, rung.compare, r.tokens))
