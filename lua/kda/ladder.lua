@@ -79,7 +79,7 @@ end
 function M.run(profile, opts)
   opts = opts or {}
   local dir = "runs/ladder"
-  os.execute("mkdir -p " .. dir)
+  kda.util.check(kda.C.kda_mkdirs(dir), "ladder: cannot create " .. dir)
   local results_path = dir .. "/results.tsv"
   local saved = opts.fresh and {} or load_results(results_path)
   local d = require("kda.data").open { manifest = profile.corpus }
