@@ -32,13 +32,29 @@ done
 mkdir -p "$CACHE/debs" "$CACHE/x" "$OUT"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 
+in_archive() { apt-cache policy "$1" 2>/dev/null | grep 'Candidate: [^(]' >/dev/null; }
+
+# apt-get update once per run, when a package is missing from the lists (needs root and network).
+LISTS_REFRESHED=0
+refresh_lists() {
+  [ "$LISTS_REFRESHED" = 1 ] && return 0
+  LISTS_REFRESHED=1
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
+  echo "data.sh: refreshing the apt package lists" >&2
+  $sudo apt-get update -qq >"$TMP/update.log" 2>&1 || echo "data.sh: apt-get update failed ($(tail -n 1 "$TMP/update.log"))" >&2
+}
+
 # fetch NAME -> prints the unpacked root of the package. Reuses a cached .deb (newest version).
 fetch() {
   local name=$1 deb
   deb=$(ls "$CACHE/debs/${name}"_*.deb 2>/dev/null | sort -V | tail -n 1 || true)
   if [ -z "$deb" ]; then
-    apt-cache policy "$name" 2>/dev/null | grep -q 'Candidate: [^(]' ||
-      die "package '$name' is not in the apt archive: run 'apt-get update' (needs network) or drop ${name}_*.deb into .cache/debs/"
+    # (no grep -q: under pipefail, apt-cache dying of SIGPIPE would read as "not found")
+    if ! in_archive "$name"; then
+      refresh_lists   # a fresh machine may have no package lists yet
+      in_archive "$name" ||
+        die "package '$name' is not in the apt archive: run 'apt-get update' (needs network) or drop ${name}_*.deb into .cache/debs/"
+    fi
     (cd "$CACHE/debs" && apt-get download "$name" >"$TMP/apt.log" 2>&1) ||
       die "cannot download '$name' ($(tail -n 1 "$TMP/apt.log")): check the network, or drop ${name}_*.deb into .cache/debs/"
     deb=$(ls "$CACHE/debs/${name}"_*.deb | sort -V | tail -n 1)
