@@ -3,6 +3,8 @@
 #include <string.h>
 #include "graph.h"
 #include "internal.h"
+#define STB_DS_IMPLEMENTATION /* stb_ds (libstb-dev): the name -> leaf map; defined once, here */
+#include <stb/stb_ds.h>
 
 static const char *dtype_names[] = {"f32", "bf16", "i32", "u8", "f64"};
 static const int64_t dtype_sizes[] = {4, 2, 4, 1, 8};
@@ -14,6 +16,7 @@ kda_graph *kda_graph_new(void) {
   kda_graph *g = calloc(1, sizeof *g);
   if (!g) { kda_set_error("out of host memory creating a graph"); return NULL; }
   g->state = g->gnorm = g->loss = -1;
+  sh_new_strdup(g->leaves); /* the map keeps its own copies of the names */
   return g;
 }
 
@@ -21,6 +24,7 @@ void kda_graph_free(kda_graph *g) {
   if (!g) return;
   for (int32_t i = 0; i < g->n; i++) free(g->nodes[i].in), free(g->nodes[i].name);
   free(g->nodes);
+  shfree(g->leaves);
   free(g);
 }
 
@@ -51,6 +55,8 @@ int32_t kda_graph_leaf(kda_graph *g, int op, const char *name, const kda_desc *d
   if (!nd) return -1;
   nd->op = op, nd->d = *d, nd->flags = NODE_LEAF | flags;
   nd->name = strdup(name ? name : "");
+  if (!nd->name) return kda_set_error("out of host memory naming a leaf");
+  if (*nd->name) shput(g->leaves, nd->name, g->n);
   return g->n++;
 }
 
@@ -128,11 +134,12 @@ int32_t kda_graph_grad(const kda_graph *g, int32_t id) { return id >= 0 && id < 
 int32_t kda_graph_state_node(const kda_graph *g) { return g->state; }
 int32_t kda_graph_gnorm_node(const kda_graph *g) { return g->gnorm; }
 
+/* A hash lookup: models with thousands of named leaves are recorded in linear time. */
 int32_t kda_graph_find(const kda_graph *g, const char *name) {
   if (!name || !*name) return -1;
-  for (int32_t i = 0; i < g->n; i++)
-    if (g->nodes[i].flags & NODE_LEAF && strcmp(g->nodes[i].name, name) == 0) return i;
-  return -1;
+  struct leaf_name *m = g->leaves; /* shgeti does not take a const map */
+  ptrdiff_t i = shgeti(m, name);
+  return i < 0 ? -1 : m[i].value;
 }
 
 int64_t kda_graph_param_count(const kda_graph *g) {

@@ -31,6 +31,7 @@ struct kda_graph {
   int32_t loss;       /* the node backward started from, -1 before */
   int32_t state, gnorm;
   int has_optim;
+  struct leaf_name { char *key; int32_t value; } *leaves; /* stb_ds string map: name -> leaf id */
 };
 
 int32_t kda_graph_add(kda_graph *g, int op, int nin, const int32_t *in, const int64_t *iattr,
