@@ -242,21 +242,21 @@ static float attn_scale(const kda_exec_node *n) {
   return n->fattr[0] != 0 ? n->fattr[0] : 1.0f / sqrtf((float)n->in[0].shape[3]);
 }
 
-/* Row i of P for head (b,h) into p[0..i]. */
-static void attn_probs(const float *q, const float *k, int64_t T, int64_t H, int64_t D, int64_t b,
-                       int64_t h, int64_t i, float s, float *p) {
-  const float *qi = q + ((b * T + i) * H + h) * D;
+/* Softmax of the query row qi against the first n key rows of head h, into p[0..n): key j is
+ * at k0 + (j*H + h)*D (one sequence of a [T,H,D] tensor, or a decode cache). */
+static void attn_probs(const float *qi, const float *k0, int64_t H, int64_t D, int64_t h, int64_t n,
+                       float s, float *p) {
   float mx = -INFINITY;
-  for (int64_t j = 0; j <= i; j++) {
-    const float *kj = k + ((b * T + j) * H + h) * D;
+  for (int64_t j = 0; j < n; j++) {
+    const float *kj = k0 + (j * H + h) * D;
     float dot = 0;
     for (int64_t c = 0; c < D; c++) dot += qi[c] * kj[c];
     p[j] = dot * s;
     mx = fmaxf(mx, p[j]);
   }
   double sum = 0;
-  for (int64_t j = 0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
-  for (int64_t j = 0; j <= i; j++) p[j] = (float)(p[j] / sum);
+  for (int64_t j = 0; j < n; j++) sum += (p[j] = expf(p[j] - mx));
+  for (int64_t j = 0; j < n; j++) p[j] = (float)(p[j] / sum);
 }
 
 static void cpu_attention(const kda_exec_node *n) {
@@ -271,7 +271,7 @@ static void cpu_attention(const kda_exec_node *n) {
     for (int64_t b = 0; b < B; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < T; i++) {
-          attn_probs(q, k, T, H, D, b, h, i, s, p);
+          attn_probs(q + ((b * T + i) * H + h) * D, k + b * T * H * D, H, D, h, i + 1, s, p);
           float *oi = o + ((b * T + i) * H + h) * D;
           for (int64_t c = 0; c < D; c++) oi[c] = 0;
           for (int64_t j = 0; j <= i; j++) {
@@ -300,7 +300,7 @@ static void cpu_attention_bwd(const kda_exec_node *n) {
     for (int64_t b = 0; b < B; b++)
       for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < T; i++) {
-          attn_probs(q, k, T, H, D, b, h, i, s, p);
+          attn_probs(q + ((b * T + i) * H + h) * D, k + b * T * H * D, H, D, h, i + 1, s, p);
           const float *doi = dout + ((b * T + i) * H + h) * D;
           const float *qi = q + ((b * T + i) * H + h) * D;
           double rs = 0;
@@ -344,18 +344,7 @@ static int cpu_attn_decode(const kda_exec_node *n) {
   float *p = kda_malloc((size_t)(pos + 1) * sizeof(float), "attn_decode scores");
   if (!p) return -1;
   for (int64_t h = 0; h < H; h++) {
-    const float *qi = q + h * D;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j <= pos; j++) {
-      const float *kj = kc + (j * H + h) * D;
-      float dot = 0;
-      for (int64_t c = 0; c < D; c++) dot += qi[c] * kj[c];
-      p[j] = dot * s;
-      mx = fmaxf(mx, p[j]);
-    }
-    double sum = 0;
-    for (int64_t j = 0; j <= pos; j++) sum += (p[j] = expf(p[j] - mx));
-    for (int64_t j = 0; j <= pos; j++) p[j] = (float)(p[j] / sum);
+    attn_probs(q + h * D, kc, H, D, h, pos + 1, s, p);
     float *oi = o + h * D;
     for (int64_t c = 0; c < D; c++) oi[c] = 0;
     for (int64_t j = 0; j <= pos; j++) {
