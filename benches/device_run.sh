@@ -7,6 +7,9 @@
 #   peers   the PyTorch peer (benches/peers/gpt_peer.py) at the same shapes
 #   ladder  gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3   gpu ladder rung 3 alone (time-capped)
+#   probe   where the time goes: per-op GPU profile of the GPT/hybrid steps (KDA_CUDA_PROFILE),
+#           tests/runs.sh with the CUDA kda (resume identity on the GPU), the KDA kernels under
+#           ncu (per-kernel times) and compute-sanitizer (memcheck, racecheck)
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -75,5 +78,26 @@ if [ "$MODE" = race ] && [ -f .devbuild/data/prose.txt.xz ]; then
   stage "quality race: kda hybrid, same bytes, window and budget (capped at ${RACE_SECONDS:-200} s of training)"
   (cd /tmp && timeout 330 "$KDA" --trust "$KDA_HOME/benches/race.lua" corpus=/tmp/corpus eval_every=500 \
     max_seconds=${RACE_SECONDS:-200} 2>&1 | grep -E "^(#|race)" | tee "$OUT/race_kda.log")
+fi
+if [ "$MODE" = probe ]; then
+  stage "per-op GPU profile (KDA_CUDA_PROFILE=1: segments run back to back, eager)"
+  for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=S batch=64 seq=512" \
+              "size=S batch=64 seq=512 arch=hybrid" "size=M batch=64 seq=1024"; do
+    echo "## $args" | tee -a "$OUT/profile.log"
+    KDA_CUDA_PROFILE=1 timeout 90 "$KDA" --trust benches/gpt_bench.lua $args steps=56 check=0 2>&1 | grep -E "^(#|  |kda:)" | tee -a "$OUT/profile.log"
+  done
+  stage "tests/runs.sh with the CUDA kda (resume bit-identity, SIGKILL mid-checkpoint, corrupt checkpoint)"
+  KDA=$KDA timeout 240 bash tests/runs.sh > "$OUT/runs_gpu.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/runs_gpu.log"
+  stage "KDA kernels: build, ncu per-kernel times, compute-sanitizer"
+  BUILD_ONLY=1 OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "build rc=$?"
+  for sh in 0 2 3; do
+    KDA_BENCH_SHAPE=$sh timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --launch-count 30 \
+      --print-summary per-kernel build/kda_gpu/kda_bench > "$OUT/kda_ncu_$sh.log" 2>&1; echo "ncu shape $sh rc=$?"
+    grep -E "^  [a-zA-Z_]|gpu__time_duration|^shape|^\(" "$OUT/kda_ncu_$sh.log" | head -60
+  done
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --print-limit 20 build/kda_gpu/test_kda_cuda quick > "$OUT/kda_$tool.log" 2>&1
+    echo "compute-sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, |Invalid|hazard" "$OUT/kda_$tool.log" | head -8
+  done
 fi
 stage done

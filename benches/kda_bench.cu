@@ -99,7 +99,10 @@ int main() {
   int64_t shapes[][4] = {{8, 2048, 16, 128}, {1, 8192, 16, 128}, {32, 512, 4, 64}, {8, 512, 4, 64}};
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
-  for (auto &s : shapes) {
+  const char *only = getenv("KDA_BENCH_SHAPE");   /* "0".."3": fwd+bwd at one shape (for ncu) */
+  for (int si = 0; si < 4; si++) {
+    if (only && *only && atoi(only) != si) continue;
+    const int64_t *s = shapes[si];
     int64_t B = s[0], T = s[1], H = s[2], D = s[3], C = 64;
     kda_kda_args a = {};
     a.B = B, a.T = T, a.H = H, a.HV = H, a.K = D, a.V = D, a.chunk = (int)C, a.qk_l2norm = 1;
@@ -118,7 +121,7 @@ int main() {
                   (6 * K * V + 4 * Cd * V + 4 * Cd * K + 4 * Cd * Cd + 2 * K * V / Cd) + 80.0 * 256 * K / Cd;
     double byf = (3 * K + V + 1 + V) * 2, byb = byf + (V + 3 * K + V + 1) * 2;
     int small = T * B <= 16384;
-    for (int bwd = 0; bwd < 2; bwd++) {
+    for (int bwd = only && *only ? 1 : 0; bwd < 2; bwd++) {   /* one shape: fwd+bwd only */
       CK(cudaDeviceSynchronize());
       double t0 = kda_now();
       KOK(run(&a, x, bwd, st));

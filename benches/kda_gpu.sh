@@ -36,6 +36,7 @@ if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]
   } > "$LOG/kda_sass.log" 2>&1 || true
   cat "$LOG/kda_sass.log"
 fi
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0   # BUILD_ONLY=1: the binaries, nothing run
 rc=0
 # KDA_CUDA_SYNC-style safety: the test synchronises after every case itself.
 timeout 500 "$B/test_kda_cuda" 2>&1 | tee "$LOG/kda_test.log" || true

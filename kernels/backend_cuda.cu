@@ -34,7 +34,7 @@ enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536, MAX_SHADOWS = 2048 };
 
 static struct {
   int state;                   /* 0 untried, 1 ready, -1 no device */
-  int no_graph, sync_each;
+  int no_graph, sync_each, profile;
   kc_ctx ctx;
   graph_entry graphs[MAX_GRAPHS];
   int ngraphs;
@@ -97,6 +97,8 @@ static int init_once(void) {
   G.sync_each = e && *e && strcmp(e, "0") != 0;
   e = getenv("KDA_NO_SHADOW");
   G.no_shadow = e && *e && strcmp(e, "0") != 0;
+  e = getenv("KDA_CUDA_PROFILE");
+  G.profile = e && *e && strcmp(e, "0") != 0;
   cudaDeviceProp prop;
   if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
       cudaStreamCreateWithFlags(&G.ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -330,6 +332,98 @@ static int run_list(const kda_exec_node *nodes, int n, int capturing) {
   return 0;
 }
 
+/* ---- profile (KDA_CUDA_PROFILE=1) ---------------------------------------------------------
+ * Where a step's GPU time goes, per op, without hardware counters. Eager timing is distorted by
+ * the CPU: a kernel shorter than its launch leaves the GPU idle and that idle time would be
+ * charged to the next event. So a segment of nodes is queued behind a kernel that spins on a
+ * host-mapped flag, and the flag is released only once the whole segment (with an event after
+ * every node) is queued: the GPU then runs the segment back to back, as a replayed graph does,
+ * and each event difference is one node's kernels plus the ~1 us between them. Segments are
+ * kept short (PROF_SEG nodes) so the launch queue never fills while the GPU is held. The table
+ * is printed on exit, per run of the list with the most nodes; the first run (warm-up) is
+ * not counted. Profiled runs are eager (no graphs).                                        */
+enum { PROF_SEG = 128 };
+static struct {
+  volatile int *flag;          /* host-mapped */
+  int *dflag;
+  cudaEvent_t ev[PROF_SEG + 1];
+  double ms[KDA_OP_COUNT + 1]; /* + 1: the shadow refresh */
+  int64_t nodes[KDA_OP_COUNT + 1];
+  int list_n, runs;
+} P;
+
+__global__ void k_hold(const volatile int *flag) {
+  while (*flag == 0) __nanosleep(1000);
+}
+
+static void profile_report(void) {
+  if (!P.runs) return;
+  double total = 0;
+  for (int i = 0; i <= KDA_OP_COUNT; i++) total += P.ms[i];
+  fprintf(stderr, "# KDA_CUDA_PROFILE: %d runs of a %d-node list, GPU time per run %.3f ms (back to back, no graph)\n",
+          P.runs, P.list_n, total / P.runs);
+  fprintf(stderr, "# %-18s %8s %10s %7s\n", "op", "nodes", "us/run", "share");
+  for (;;) {   /* largest first */
+    int best = -1;
+    for (int i = 0; i <= KDA_OP_COUNT; i++)
+      if (P.nodes[i] && (best < 0 || P.ms[i] > P.ms[best])) best = i;
+    if (best < 0) break;
+    fprintf(stderr, "  %-18s %8.1f %10.1f %6.1f%%\n", best == KDA_OP_COUNT ? "shadow_refresh" : op_name(best),
+            (double)P.nodes[best] / P.runs, 1e3 * P.ms[best] / P.runs, 100 * P.ms[best] / total);
+    P.nodes[best] = 0;
+  }
+}
+
+static int profile_init(void) {
+  if (P.flag) return 0;
+  int *h = NULL;
+  CK(cudaHostAlloc((void **)&h, sizeof(int), cudaHostAllocMapped));
+  CK(cudaHostGetDevicePointer((void **)&P.dflag, h, 0));
+  P.flag = h;
+  for (int i = 0; i <= PROF_SEG; i++) CK(cudaEventCreate(&P.ev[i]));
+  atexit(profile_report);
+  return 0;
+}
+
+/* The list in segments behind the hold kernel; returns 0 or -1 like run_list. */
+static int run_list_profiled(const kda_exec_node *nodes, int n) {
+  if (profile_init()) return -1;
+  int count = n == P.list_n;   /* a longer list restarts the table; its first run is the warm-up */
+  if (n > P.list_n) { P.list_n = n; P.runs = 0; memset(P.ms, 0, sizeof P.ms); memset(P.nodes, 0, sizeof P.nodes); }
+  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
+  int i = -1, rc = 0;          /* i = -1: the shadow refresh */
+  while (i < n && !rc) {
+    *P.flag = 0;
+    k_hold<<<1, 1, 0, G.ctx.stream>>>(P.dflag);
+    CK(cudaEventRecord(P.ev[0], G.ctx.stream));
+    int op[PROF_SEG], k = 0;
+    for (; k < PROF_SEG && i < n; k++) {
+      int used = 1;
+      if (i < 0) {
+        op[k] = KDA_OP_COUNT;
+        if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) rc = -1;
+      } else {
+        op[k] = nodes[i].op;
+        if (nodes[i].op == KDA_OP_ADAMW) { used = kc_adamw_multi(&nodes[i], n - i, &G.ctx); if (used < 0) rc = -1; }
+        else if (run_node(&nodes[i], &G.ctx)) rc = -1;
+      }
+      if (rc) break;
+      CK(cudaEventRecord(P.ev[k + 1], G.ctx.stream));
+      i += used;
+    }
+    *P.flag = 1;
+    CK(cudaStreamSynchronize(G.ctx.stream));
+    for (int j = 0; j < k && !rc; j++) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, P.ev[j], P.ev[j + 1]));
+      if (count) { P.ms[op[j]] += ms; P.nodes[op[j]]++; }
+    }
+  }
+  kc_gemm_set_shadows(NULL, 0, NULL, 0);
+  if (!rc && count) P.runs++;
+  return rc;
+}
+
 /* ---- graphs ------------------------------------------------------------------------------ */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = (const unsigned char *)p;
@@ -412,6 +506,7 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
     if (s > need) need = s;
   }
   if (grow_scratch(need)) return -1;
+  if (G.profile) return shadow_plan(nodes, n) ? -1 : run_list_profiled(nodes, n);
   if (G.no_graph) return shadow_plan(nodes, n) ? -1 : run_list(nodes, n, 0);
   graph_entry *e = entry_for(key);
   uint64_t sig = list_sig(nodes, n);

@@ -5,7 +5,7 @@
 # Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
-KDA=$PWD/kda
+KDA=${KDA:-$PWD/kda}   # KDA=/path/to/kda runs these with another build (the CUDA one on a GPU machine)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0
