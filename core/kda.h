@@ -66,7 +66,7 @@ enum kda_op {
   KDA_OP_SOFTMAX_BWD,     /* (y, dy) -> dx                                                   */
   KDA_OP_ROPE,            /* (x [B,T,H,Dh] [, pos [1] i32]) -> rotary position embedding, pairs
                              (i, i+Dh/2); row t sits at position pos+t (pos = 0 without the
-                             second input; CPU only); fattr0 = theta base; iattr0 = 1 rotates
+                             second input; decoding); fattr0 = theta base; iattr0 = 1 rotates
                              backwards (the gradient)                                        */
   KDA_OP_ATTENTION,       /* (q,k,v [B,T,H,Dh]) -> causal softmax(q k^T * s) v, [B,T,H,Dh];
                              fattr0 = s (0 means 1/sqrt(Dh))                                 */
@@ -109,7 +109,7 @@ enum kda_op {
   KDA_OP_EMA,             /* (ema, param, state [8]) -> in place: ema = d ema + (1-d) param,
                              d = fattr0; the first step copies param                        */
   KDA_OP_RETRACT,         /* (param [R,C]) -> in place: every row rescaled to L2 norm fattr0 */
-  /* One-token decode ops (forward only, no backward rule; CPU backend). Each reads and
+  /* One-token decode ops (forward only, no backward rule; CPU and CUDA). Each reads and
    * updates a state leaf in place (a kda_graph_input: persistent, never in the arena, zero
    * at plan build) and writes its own output to an ordinary buffer.                       */
   KDA_OP_KDA_DECODE,      /* (q [1,1,H,K], k, v [1,1,HV,V], g_raw [1,1,HV,K], beta_raw [1,1,HV],
@@ -208,6 +208,7 @@ int kda_plan_nstate(const kda_plan *p);              /* persistent buffers: para
 const char *kda_plan_state_name(const kda_plan *p, int i); /* "wte", "wte.adam_m", ... */
 int32_t kda_plan_state_node(const kda_plan *p, int i);
 double kda_plan_op_seconds(const kda_plan *p, int op); /* CPU time spent per op since build */
+int64_t kda_plan_op_calls(const kda_plan *p, int op);  /* nodes of that op run since build */
 int kda_plan_set_profile(kda_plan *p, int on);
 
 /* ---- utilities and the host (core/main.c) ------------------------------------------------ */

@@ -34,6 +34,7 @@ struct kda_plan {
   int nstate;
   int profile;
   double op_seconds[KDA_OP_COUNT];
+  int64_t op_calls[KDA_OP_COUNT];
 };
 
 static int32_t find_root(const kda_graph *g, int32_t i) {
@@ -283,6 +284,7 @@ static int run_cpu_profiled(kda_plan *p, int count) {
     double t0 = kda_now();
     if (kda_cpu_run_node(&p->exec[i])) return -1;
     p->op_seconds[p->exec[i].op] += kda_now() - t0;
+    p->op_calls[p->exec[i].op]++;
   }
   return 0;
 }
@@ -324,4 +326,5 @@ const char *kda_plan_state_name(const kda_plan *p, int i) {
 }
 int32_t kda_plan_state_node(const kda_plan *p, int i) { return i >= 0 && i < p->nstate ? p->state[i] : -1; }
 double kda_plan_op_seconds(const kda_plan *p, int op) { return op >= 0 && op < KDA_OP_COUNT ? p->op_seconds[op] : 0; }
+int64_t kda_plan_op_calls(const kda_plan *p, int op) { return op >= 0 && op < KDA_OP_COUNT ? p->op_calls[op] : 0; }
 int kda_plan_set_profile(kda_plan *p, int on) { p->profile = on; return 0; }

@@ -204,7 +204,9 @@ static int64_t scratch_need(const kda_exec_node *n) {
   case KDA_OP_SUM: case KDA_OP_MEAN: case KDA_OP_SUM_ROWS: case KDA_OP_GRAD_NORM:
     return kc_reduce_scratch(n);
   case KDA_OP_ATTENTION: case KDA_OP_ATTENTION_BWD: return kc_attention_scratch(n);
-  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return kc_kda_scratch(n);
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD:
+  case KDA_OP_KDA_DECODE: return kc_kda_scratch(n);
+  case KDA_OP_ATTN_DECODE: return kc_decode_scratch(n);
   default: return 0;
   }
 }
@@ -224,11 +226,7 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_SWIGLU_BWD: return kc_swiglu_bwd(n, c);
   case KDA_OP_SOFTMAX: return kc_softmax(n, c);
   case KDA_OP_SOFTMAX_BWD: return kc_softmax_bwd(n, c);
-  case KDA_OP_ROPE:
-    if (n->nin != 1)  /* k_rope always starts at position 0: refuse rather than rotate wrongly */
-      return kda_set_error("cuda: rope at an offset (node %d, a pos input) runs on the CPU backend "
-                           "only (kda sample decodes on the CPU)", n->id);
-    return kc_rope(n, c);
+  case KDA_OP_ROPE: return n->nin > 1 ? kc_rope_at(n, c) : kc_rope(n, c);   /* pos input: decode */
   case KDA_OP_ATTENTION: return kc_attention(n, c);
   case KDA_OP_ATTENTION_BWD: return kc_attention_bwd(n, c);
   case KDA_OP_CROSS_ENTROPY: return kc_cross_entropy(n, c);
@@ -243,7 +241,10 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_MUON: return kc_muon(n, c);
   case KDA_OP_EMA: return kc_ema(n, c);
   case KDA_OP_RETRACT: return kc_retract(n, c);
-  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return kc_kda_node(n, c);
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD:
+  case KDA_OP_KDA_DECODE: return kc_kda_node(n, c);
+  case KDA_OP_ATTN_DECODE: return kc_attn_decode(n, c);
+  case KDA_OP_CONV1D_DECODE: return kc_conv1d_decode(n, c);
   default:
     return kda_set_error("cuda: op %s (node %d) cannot run on the CUDA backend: the plan "
                          "should have resolved it", op_name(n->op), n->id);

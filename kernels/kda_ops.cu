@@ -1,7 +1,9 @@
-/* kda_ops.cu — the CUDA backend's KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D, KDA_OP_CONV1D_BWD.
+/* kda_ops.cu — the CUDA backend's KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_KDA_DECODE, KDA_OP_CONV1D,
+ * KDA_OP_CONV1D_BWD.
  *
- * KDA / KDA_BWD are glue over kernels/kda_cuda.cu (bf16 activations, fp32 params): the exec
- * node's views become a kda_kda_args, exactly as core/cpu_kda.c does for the CPU reference.
+ * KDA / KDA_BWD / KDA_DECODE are glue over kernels/kda_cuda.cu (bf16 activations, fp32 params):
+ * the exec node's views become a kda_kda_args, exactly as core/cpu_kda.c does for the CPU
+ * reference. KDA_DECODE's state [HV,K,V] is an f32 leaf the recurrent kernel updates in place.
  * Storage dtypes come per view (core/backend.h): activations are bf16 on CUDA, but a graph
  * INPUT is f32, and KDA_BWD's packed output [dq,dk,dv,dg,dbeta,dA_log,ddt_bias] is f32 when
  * the plan marks it precise (its dA_log/ddt_bias slices are parameter gradients). So:
@@ -75,7 +77,9 @@ typedef struct ko_kda_ws {
   int64_t total;
 } ko_kda_ws;
 
-static int ko_is_act(int i) { return i <= 4 || i == 7; }  /* bf16 kernel inputs; 5, 6 are f32 */
+/* bf16 kernel inputs: q, k, v, g, beta, and KDA_BWD's dout; A_log, dt_bias and KDA_DECODE's
+ * state (in[7], updated in place) are f32 */
+static int ko_is_act(const kda_exec_node *n, int i) { return i <= 4 || (i == 7 && n->op == KDA_OP_KDA_BWD); }
 
 static void ko_kda_layout(const kda_exec_node *n, char *base, ko_kda_ws *w) {
   kda_kda_args a = ko_args(n);
@@ -86,11 +90,11 @@ static void ko_kda_layout(const kda_exec_node *n, char *base, ko_kda_ws *w) {
     off += KC_ALIGN(bytes);
     return p;
   };
-  w->ws_bytes = kda_kda_cuda_workspace_bytes(&a, bwd);
+  w->ws_bytes = n->op == KDA_OP_KDA_DECODE ? 0 : kda_kda_cuda_workspace_bytes(&a, bwd);
   w->ws = take(w->ws_bytes);
   for (int i = 0; i < n->nin && i < 8; i++) {
     const kda_tview *t = &n->in[i];
-    int want = ko_is_act(i) ? KDA_BF16 : KDA_F32;
+    int want = ko_is_act(n, i) ? KDA_BF16 : KDA_F32;
     w->in[i] = t->dtype == want ? t->data : take(kda_tview_numel(t) * (want == KDA_BF16 ? 2 : 4));
   }
   w->stage = NULL;
@@ -107,7 +111,9 @@ static void ko_kda_layout(const kda_exec_node *n, char *base, ko_kda_ws *w) {
 
 static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
   int bwd = n->op == KDA_OP_KDA_BWD;
-  if (n->nin != (bwd ? 8 : 7)) return KO_ERR(n, "KDA needs 7 inputs (KDA_BWD 8)");
+  if (n->nin != (n->op == KDA_OP_KDA ? 7 : 8)) return KO_ERR(n, "KDA needs 7 inputs (KDA_BWD, KDA_DECODE 8)");
+  if (n->op == KDA_OP_KDA_DECODE && n->in[7].dtype != KDA_F32)
+    return KO_ERR(n, "KDA_DECODE's state must be f32 (it is updated in place)");
   kda_kda_args a = ko_args(n);
   ko_kda_ws w;
   ko_kda_layout(n, NULL, &w);
@@ -119,15 +125,18 @@ static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
   for (int i = 0; i < n->nin; i++) {
     const kda_tview *t = &n->in[i];
     if (w.in[i] != t->data &&
-        ko_cast(n, c, t->data, t->dtype, w.in[i], ko_is_act(i) ? KDA_BF16 : KDA_F32, kda_tview_numel(t)))
+        ko_cast(n, c, t->data, t->dtype, w.in[i], ko_is_act(n, i) ? KDA_BF16 : KDA_F32, kda_tview_numel(t)))
       return -1;
   }
   const float *A_log = (const float *)w.in[5], *dt_bias = (const float *)w.in[6];
   if (!bwd) {
     void *o = w.stage ? w.stage : n->out.data;
-    if (kda_kda_cuda_forward(&a, w.in[0], w.in[1], w.in[2], w.in[3], w.in[4], A_log, dt_bias,
-                             NULL, o, NULL, w.ws, w.ws_bytes, c->stream))
-      return -1;
+    int rc = n->op == KDA_OP_KDA_DECODE   /* one recurrent step; the f32 state leaf in place */
+                 ? kda_kda_cuda_decode(&a, w.in[0], w.in[1], w.in[2], w.in[3], w.in[4], A_log, dt_bias,
+                                       (float *)n->in[7].data, o, c->stream)
+                 : kda_kda_cuda_forward(&a, w.in[0], w.in[1], w.in[2], w.in[3], w.in[4], A_log, dt_bias,
+                                        NULL, o, NULL, w.ws, w.ws_bytes, c->stream);
+    if (rc) return -1;
     if (w.stage) return ko_cast(n, c, w.stage, KDA_BF16, n->out.data, n->out.dtype, kda_tview_numel(&n->out));
     return 0;
   }
@@ -286,7 +295,7 @@ static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
 /* ---- entry points ------------------------------------------------------------------------- */
 int64_t kc_kda_scratch(const kda_exec_node *n) {
   switch (n->op) {
-  case KDA_OP_KDA: case KDA_OP_KDA_BWD: {
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_KDA_DECODE: {
     ko_kda_ws w;
     ko_kda_layout(n, NULL, &w);
     return w.total;
@@ -298,7 +307,7 @@ int64_t kc_kda_scratch(const kda_exec_node *n) {
 
 int kc_kda_node(const kda_exec_node *n, kc_ctx *c) {
   switch (n->op) {
-  case KDA_OP_KDA: case KDA_OP_KDA_BWD: return ko_kda(n, c);
+  case KDA_OP_KDA: case KDA_OP_KDA_BWD: case KDA_OP_KDA_DECODE: return ko_kda(n, c);
   case KDA_OP_CONV1D: case KDA_OP_CONV1D_BWD: return ko_conv(n, c);
   default: return KO_ERR(n, "kc_kda_node: not a KDA op");
   }

@@ -12,8 +12,8 @@ usage: kda [options] [FILE.lua | COMMAND] [args...]
   kda                     interactive REPL (line editing, history in ~/.kda_history)
   kda ngram [args]        n-gram bars for the data domains (recipes/ngram.lua)
   kda report RUN... [--out FILE]   HTML plots of runs/RUN/metrics.tsv (default runs/report.html)
-  kda sample RUN [--prompt TEXT] [-n N] [--temperature T] [--seed S]
-                          bytes from the newest checkpoint of runs/RUN
+  kda sample RUN [--prompt TEXT] [-n N] [--temperature T] [--seed S] [--backend cpu|cuda]
+                          bytes from the newest checkpoint of runs/RUN (CUDA when a GPU answers)
   kda data [small|full]   build the corpus into data/ (vendor/data.sh)
 
 options (before the file; also accepted after it):
@@ -170,11 +170,12 @@ local subcommands = {
   end,
   sample = function(args)
     local o, pos = parse_sub("sample", args, { ["--prompt"] = "string", ["-n"] = "number", ["--temperature"] = "number",
-                                               ["--seed"] = "number" })
+                                               ["--seed"] = "number", ["--backend"] = "string" })
     if #pos ~= 1 then error("sample: name one run, e.g. kda sample tiny --prompt 'The ' -n 200", 0) end
     local prompt = o.prompt or ""
     local text = require("kda.sample").generate { run = pos[1], prompt = prompt, n = o.n or 200,
-                                                  temperature = o.temperature or 1, seed = o.seed or 1 }
+                                                  temperature = o.temperature or 1, seed = o.seed or 1,
+                                                  backend = o.backend }
     io.write(prompt, text, "\n")
     return 0
   end,

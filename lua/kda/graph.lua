@@ -95,7 +95,7 @@ function Node:gelu() return self.G:op(C.KDA_OP_GELU, { self }) end
 function Node:sigmoid() return self.G:op(C.KDA_OP_SIGMOID, { self }) end
 function Node:swiglu(b) return self.G:op(C.KDA_OP_SWIGLU, { self, b }) end
 function Node:softmax() return self.G:op(C.KDA_OP_SOFTMAX, { self }) end
--- x:rope(theta [, pos]): pos, a [1] i32 node, is the position of row 0 (decoding; CPU only).
+-- x:rope(theta [, pos]): pos, a [1] i32 node, is the position of row 0 (decoding).
 function Node:rope(theta, pos)
   return self.G:op(C.KDA_OP_ROPE, pos and { self, pos } or { self }, nil, { theta or 10000 })
 end

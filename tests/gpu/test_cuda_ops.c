@@ -40,13 +40,13 @@ static float bf2f(uint16_t h) {
   return f;
 }
 
-enum gen { G_NORMAL, G_POS, G_PROB, G_IDX, G_DATA };
+enum gen { G_NORMAL, G_POS, G_PROB, G_IDX, G_DATA, G_INT };
 
 typedef struct tin {
   int dtype, ndim;
   int64_t shape[4];
   int gen;
-  float scale;        /* G_NORMAL: std; G_IDX: number of distinct ids (vocab) */
+  float scale;        /* G_NORMAL: std; G_IDX: number of distinct ids (vocab); G_INT: the value */
   const float *data;  /* G_DATA */
 } tin;
 
@@ -71,17 +71,19 @@ static void fill_host(const tin *t, float *h, int32_t *hi) {
       continue;
     }
     case G_DATA: v = t->data[i]; break;
+    case G_INT: hi[i] = (int32_t)t->scale; continue;   /* a decode position */
     }
     if (t->dtype == KDA_BF16) v = bf2f(f2bf(v));
     h[i] = v;
   }
 }
 
-/* Device buffer from host f32 (or i32) values, stored in dtype. */
-static void *to_device(const void *h, int dtype, int64_t n) {
-  int64_t es = dtype == KDA_BF16 ? 2 : 4;
-  void *d = be->alloc(n * es);
-  if (!d) { fprintf(stderr, "alloc: %s\n", kda_last_error()); exit(1); }
+static int is_int(const tin *t) { return t->gen == G_IDX || t->gen == G_INT; }
+static int64_t esize(int dtype) { return dtype == KDA_BF16 ? 2 : 4; }
+
+/* Host f32 (or i32) values into device buffer d, stored in dtype. */
+static void upload(void *d, const void *h, int dtype, int64_t n) {
+  int64_t es = esize(dtype);
   if (dtype == KDA_BF16) {
     uint16_t *tmp = malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++) tmp[i] = f2bf(((const float *)h)[i]);
@@ -90,6 +92,12 @@ static void *to_device(const void *h, int dtype, int64_t n) {
   } else {
     be->write(d, h, n * es);
   }
+}
+
+static void *to_device(const void *h, int dtype, int64_t n) {
+  void *d = be->alloc(n * esize(dtype));
+  if (!d) { fprintf(stderr, "alloc: %s\n", kda_last_error()); exit(1); }
+  upload(d, h, dtype, n);
   return d;
 }
 
@@ -133,15 +141,44 @@ typedef struct opcase {
   int64_t ia[8];
   float fa[8];
   double tol;
-  int inplace;          /* out aliases in[0]; compare inputs listed in also[] too */
-  int also[4], nalso;
-  int reps;             /* 2: run twice on the GPU and demand identical bytes */
+  int inplace;          /* out aliases in[0] */
+  int also[4], nalso;   /* inputs the op updates in place (state, caches): compared too */
+  int reps;             /* 2: run twice from the same inputs on the GPU, demand identical bytes */
 } opcase;
 
-static void check(const opcase *c) {
+/* Device bytes of every input, to run a second time from the same start. */
+static char **snapshot(void *const *din, const kda_tview *gin, int nin) {
+  char **s = calloc((size_t)nin, sizeof *s);
+  for (int i = 0; i < nin; i++) {
+    int64_t b = kda_tview_numel(&gin[i]) * esize(gin[i].dtype);
+    s[i] = malloc((size_t)b);
+    be->read(s[i], din[i], b);
+  }
+  return s;
+}
+
+/* Out's bytes then every also[] input's, as one host blob. */
+static char *result_bytes(const opcase *c, const kda_exec_node *gn, void *const *din, int64_t *bytes) {
+  int64_t ob = kda_tview_numel(&gn->out) * esize(gn->out.dtype), n = ob;
+  for (int k = 0; k < c->nalso; k++) n += kda_tview_numel(&gn->in[c->also[k]]) * esize(gn->in[c->also[k]].dtype);
+  char *b = malloc((size_t)n);
+  be->read(b, gn->out.data, ob);
+  int64_t off = ob;
+  for (int k = 0; k < c->nalso; k++) {
+    const kda_tview *t = &gn->in[c->also[k]];
+    int64_t tb = kda_tview_numel(t) * esize(t->dtype);
+    be->read(b + off, din[c->also[k]], tb);
+    off += tb;
+  }
+  *bytes = n;
+  return b;
+}
+
+/* tol_also: 0 holds also[] to c->tol in one verdict; else also[] gets its own verdict line. */
+static void check_state(const opcase *c, double tol_also) {
   kda_desc d[8], od;
   for (int i = 0; i < c->nin; i++) {
-    d[i].dtype = c->in[i].gen == G_IDX ? KDA_I32 : KDA_F32;
+    d[i].dtype = is_int(&c->in[i]) ? KDA_I32 : KDA_F32;
     d[i].ndim = c->in[i].ndim;
     memcpy(d[i].shape, c->in[i].shape, sizeof d[i].shape);
   }
@@ -157,7 +194,7 @@ static void check(const opcase *c) {
     int64_t n = numel_of(c->in[i].ndim, c->in[i].shape);
     hin[i] = malloc((size_t)n * 4);
     fill_host(&c->in[i], hin[i], (int32_t *)hin[i]);
-    int ddt = c->in[i].gen == G_IDX ? KDA_I32 : c->in[i].dtype;
+    int ddt = is_int(&c->in[i]) ? KDA_I32 : c->in[i].dtype;
     din[i] = to_device(hin[i], ddt, n);
     cin[i] = (kda_tview){hin[i], d[i].dtype, d[i].ndim, {1, 1, 1, 1}};
     memcpy(cin[i].shape, d[i].shape, sizeof cin[i].shape);
@@ -180,38 +217,49 @@ static void check(const opcase *c) {
     nfail++;
     return;
   }
+  char **snap = c->reps > 1 ? snapshot(din, gin, c->nin) : NULL;
   if (be->run(&gn, 1, next_key++)) {
     printf("FAIL - %s (CUDA: %s)\n", c->name, kda_last_error());
     nfail++;
     return;
   }
   float *gout = from_device(gn.out.data, gn.out.dtype, on);
-  double err = rms_ratio(gout, cout, on);
-  for (int k = 0; k < c->nalso; k++) {   /* in-place optimizer state */
+  double err = rms_ratio(gout, cout, on), ea = 0;
+  for (int k = 0; k < c->nalso; k++) {   /* state updated in place (optimizer moments, caches) */
     int i = c->also[k];
     int64_t n = numel_of(c->in[i].ndim, c->in[i].shape);
     float *g2 = from_device(din[i], gin[i].dtype, n);
     double e2 = rms_ratio(g2, hin[i], n);
-    if (!(e2 <= err) || isnan(e2)) err = e2;
+    if (!(e2 <= ea) || isnan(e2)) ea = e2;
     free(g2);
   }
+  if (tol_also == 0 && (!(ea <= err) || isnan(ea))) err = ea;
   verdict(!isnan(err) && err <= c->tol, "", c->name, err, c->tol);
-  if (c->reps > 1 && !c->inplace) {   /* determinism: a second run gives the same bytes */
-    int64_t bytes = on * (gn.out.dtype == KDA_BF16 ? 2 : 4);
-    char *b1 = malloc((size_t)bytes), *b2 = malloc((size_t)bytes);
-    be->read(b1, gn.out.data, bytes);
-    be->run(&gn, 1, next_key++);
-    be->read(b2, gn.out.data, bytes);
-    int same = !memcmp(b1, b2, (size_t)bytes);
+  if (tol_also > 0) {
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s: in-place state", c->name);
+    verdict(!isnan(ea) && ea <= tol_also, "", nm, ea, tol_also);
+  }
+  if (snap) {   /* determinism: the same inputs again give the same bytes (out and state) */
+    int64_t bytes;
+    char *b1 = result_bytes(c, &gn, din, &bytes);
+    for (int i = 0; i < c->nin; i++) be->write(din[i], snap[i], kda_tview_numel(&gin[i]) * esize(gin[i].dtype));
+    int rc = be->run(&gn, 1, next_key++);
+    char *b2 = result_bytes(c, &gn, din, &bytes);
+    int same = !rc && !memcmp(b1, b2, (size_t)bytes);
     char nm[160];
     snprintf(nm, sizeof nm, "%s: two runs give identical bytes", c->name);
     verdict(same, "", nm, same ? 0 : 1, 0);
     free(b1), free(b2);
+    for (int i = 0; i < c->nin; i++) free(snap[i]);
+    free(snap);
   }
   free(gout);
   for (int i = 0; i < c->nin; i++) { free(hin[i]); be->free(din[i]); }
   if (!c->inplace) { free(cout); be->free(gn.out.data); }
 }
+
+static void check(const opcase *c) { check_state(c, 0); }
 
 #define T1(a) 1, {a}
 #define T2(a, b) 2, {a, b}
@@ -651,6 +699,341 @@ static void graph_checks(void) {
   for (int i = 0; i < NB; i++) { be->free(b[i].d); free(b[i].init); }
 }
 
+/* ---- SCHEDULE: lr itself at many steps (the state's RMS would hide an lr error behind the
+ * step count). Same float/double split as the CPU: lr within 1e-6 relative (an ulp of cos,
+ * a fused multiply-add), the step exact. Kinds x warm-up 0 / 10 x steps across every phase. */
+static void schedule_checks(void) {
+  static const int64_t steps[] = {0, 1, 5, 9, 10, 11, 50, 79, 80, 81, 95, 99, 100, 101, 130};
+  static const char *kinds[] = {"constant", "cosine", "wsd"};
+  const int ns = (int)(sizeof steps / sizeof steps[0]);
+  float st[8], got[8];
+  void *dst = to_device((float[8]){0}, KDA_F32, 8);
+  for (int kind = KDA_SCHED_CONSTANT; kind <= KDA_SCHED_WSD; kind++)
+    for (int warm = 0; warm <= 10; warm += 10) {
+      double worst = 0;
+      int step_ok = 1;
+      for (int i = 0; i < ns; i++) {
+        memset(st, 0, sizeof st);
+        st[KDA_STATE_STEP] = (float)steps[i];
+        be->write(dst, st, sizeof st);
+        kda_tview ct = {st, KDA_F32, 1, {8, 1, 1, 1}}, gt = ct;
+        gt.data = dst;
+        kda_exec_node cn = {KDA_OP_SCHEDULE, i, 1, &ct, ct, {kind, warm, 100}, {3e-3f, 0.1f, 0.2f}};
+        kda_exec_node gn = cn;
+        gn.in = &gt, gn.out = gt;
+        kda_cpu_run_node(&cn);
+        if (be->run(&gn, 1, next_key++)) { step_ok = 0; break; }
+        be->read(got, dst, sizeof got);
+        double e = fabs((double)got[KDA_STATE_LR] - st[KDA_STATE_LR]) / fabs((double)st[KDA_STATE_LR]);
+        if (!(e <= worst)) worst = e;
+        step_ok &= got[KDA_STATE_STEP] == st[KDA_STATE_STEP];
+      }
+      char nm[160];
+      snprintf(nm, sizeof nm, "schedule %s warmup %d: lr at %d steps in 0..130 of 100, step += 1 exact",
+               kinds[kind], warm, ns);
+      verdict(step_ok && !isnan(worst) && worst <= 1e-6, "", nm, worst, 1e-6);
+    }
+  be->free(dst);
+}
+
+/* ---- AdamW paths the first cases miss ------------------------------------------------------ */
+static void adamw_more_cases(void) {
+  static float st[8] = {3, 1e-2f}, st_skip[8] = {3, 1e-2f, 1, 1, 1}, gn[1] = {2.5f};
+  tin sti = {KDA_F32, 1, {8, 1, 1, 1}, G_DATA, 0, st}, sts = sti, gni = {KDA_F32, 1, {1, 1, 1, 1}, G_DATA, 0, gn};
+  sts.data = st_skip;
+  tin p = X(KDA_F32, 2, 70, 33, 1, 1), v = GEN(p, G_POS, 0), g16 = X(KDA_BF16, 2, 70, 33, 1, 1);
+  opcase a = {"adamw bf16 grad (clipped)", KDA_OP_ADAMW, 6, {p, g16, p, v, gni, sti}, KDA_F32, {0}, {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}, 1e-5, 1, {2, 3}, 2, 2};
+  check(&a);
+  /* the guard's skip: p, m, v untouched, bit for bit */
+  opcase b = {"adamw state[SKIP]=1 leaves p, m, v alone", KDA_OP_ADAMW, 6, {p, p, p, v, gni, sts}, KDA_F32, {0}, {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}, 0, 1, {2, 3}, 2, 1};
+  check(&b);
+}
+
+/* ---- MUON ----------------------------------------------------------------------------------
+ * state lr 1 and p ~ 0.01: the update dominates p, so p measures X = NS5(...) itself (with the
+ * usual small lr, p would hide any error in X). gnorm 2.5 over clip 1 scales g by 0.4.
+ * Tolerance: both sides are fp32 (the Newton-Schulz GEMMs go through kc_matmul with
+ * CUBLAS_COMPUTE_32F, no TF32; the CPU uses sgemm), so only summation order differs, ~1e-7 per
+ * product. Five steps of p(x) = 3.4445x - 4.775x^3 + 2.0315x^5 amplify an absolute error by at
+ * most |p'(0)|^5 ~ 500, and only along the smallest singular directions, which are also the
+ * smallest part of X: expect ~1e-6 on p, 5e-5 allowed. The momentum is elementwise: 1e-6. */
+static void muon_cases(void) {
+  static float st[8] = {7, 1.0f}, st_skip[8] = {7, 1.0f, 1, 1, 1}, gn[1] = {2.5f}, gn_nan[1] = {NAN};
+  tin sti = {KDA_F32, 1, {8, 1, 1, 1}, G_DATA, 0, st}, sts = sti;
+  tin gni = {KDA_F32, 1, {1, 1, 1, 1}, G_DATA, 0, gn}, gnn = gni;
+  sts.data = st_skip, gnn.data = gn_nan;
+  static const struct { int64_t r, c; int bf; const char *what; } sh[] = {
+      {96, 40, 0, "tall: X transposed to 40x96"}, {40, 96, 0, "wide"}, {64, 64, 0, "square"},
+      {300, 17, 0, "tall, thin"}, {96, 40, 1, "tall, bf16 grad"}};
+  char nm[160];
+  for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+    tin p = GEN(X(KDA_F32, 2, sh[i].r, sh[i].c, 1, 1), G_NORMAL, 0.01f);
+    tin g = X(sh[i].bf ? KDA_BF16 : KDA_F32, 2, sh[i].r, sh[i].c, 1, 1), mom = GEN(g, G_NORMAL, 0.5f);
+    mom.dtype = KDA_F32;
+    snprintf(nm, sizeof nm, "muon %lldx%lld (%s), lr 1, clipped", (long long)sh[i].r, (long long)sh[i].c, sh[i].what);
+    opcase c = {nm, KDA_OP_MUON, 5, {p, g, mom, gni, sti}, KDA_F32, {0}, {0.95f, 1.0f, 0.1f, 1.0f}, 5e-5, 1, {2}, 1, 2};
+    check_state(&c, 1e-6);
+  }
+  tin p = GEN(X(KDA_F32, 2, 96, 40, 1, 1), G_NORMAL, 0.01f), g = X(KDA_F32, 2, 96, 40, 1, 1);
+  opcase n = {"muon NaN gnorm: p, mom untouched", KDA_OP_MUON, 5, {p, g, g, gnn, sti}, KDA_F32, {0}, {0.95f, 1.0f, 0.1f, 1.0f}, 0, 1, {2}, 1, 1};
+  check(&n);
+  opcase s = {"muon state[SKIP]=1: p, mom untouched", KDA_OP_MUON, 5, {p, g, g, gni, sts}, KDA_F32, {0}, {0.95f, 1.0f, 0.1f, 1.0f}, 0, 1, {2}, 1, 1};
+  check(&s);
+}
+
+/* ---- EMA and RETRACT: elementwise / one row norm each, fp32 both sides (1e-6) ------------- */
+static void ema_retract_cases(void) {
+  static float st1[8] = {1}, st9[8] = {9};
+  tin s1 = {KDA_F32, 1, {8, 1, 1, 1}, G_DATA, 0, st1}, s9 = s1;
+  s9.data = st9;
+  tin e = X(KDA_F32, 2, 70, 33, 1, 1), big = X(KDA_F32, 1, 100003, 1, 1, 1);
+  opcase a = {"ema step 1 copies the weights", KDA_OP_EMA, T3(e, e, s1), KDA_F32, {0}, {0.9f}, 1e-6, 1, {0}, 0, 1};
+  check(&a);
+  opcase b = {"ema step 9, decay 0.9 [70,33]", KDA_OP_EMA, T3(e, e, s9), KDA_F32, {0}, {0.9f}, 1e-6, 1, {0}, 0, 1};
+  check(&b);
+  opcase c = {"ema step 9, decay 0.999 [100003]", KDA_OP_EMA, T3(big, big, s9), KDA_F32, {0}, {0.999f}, 1e-6, 1, {0}, 0, 1};
+  check(&c);
+  static const struct { int64_t r, c; float norm; } rs[] = {{70, 300, 1.0f}, {5, 33, 2.5f}, {3, 1000, 0.5f}};
+  char nm[160];
+  for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+    snprintf(nm, sizeof nm, "retract [%lld,%lld] rows to norm %g", (long long)rs[i].r, (long long)rs[i].c, rs[i].norm);
+    opcase r = {nm, KDA_OP_RETRACT, T1(X(KDA_F32, 2, rs[i].r, rs[i].c, 1, 1)), KDA_F32, {0}, {rs[i].norm}, 1e-6, 1, {0}, 0, 1};
+    check(&r);
+  }
+  static float zr[6 * 40];
+  for (int i = 0; i < 6 * 40; i++) zr[i] = i / 40 == 2 ? 0.f : nrand();
+  tin z = {KDA_F32, 2, {6, 40, 1, 1}, G_DATA, 0, zr};
+  opcase r0 = {"retract with an all-zero row (left zero, no NaN)", KDA_OP_RETRACT, T1(z), KDA_F32, {0}, {1.0f}, 1e-6, 1, {0}, 0, 1};
+  check(&r0);
+}
+
+/* ---- GUARD step by step on one state, CPU and GPU each evolving their own copy -------------
+ * After every step the GPU's 8 slots must equal the CPU's (exactly; the loss EMA within 1e-6:
+ * the GPU may fuse its multiply-add) and the skip flag must be the one the step is built to
+ * produce. iattr0 = 10 warm-up steps, EMA decay 0.9; the step slot is set by hand (in a graph
+ * SCHEDULE advances it). EMA: 3, then 4.7, then 4.63, so 16 is a 3x spike.               */
+static void guard_checks(void) {
+  static const struct { const char *what; float step, loss, gnorm, factor; int skip; } seq[] = {
+      {"the first finite loss seeds the EMA", 3, 3.0f, 1.0f, 3, 0},
+      {"a spike inside the warm-up is kept", 4, 20.0f, 1.0f, 3, 0},
+      {"finite: kept, EMA updated", 20, 4.0f, 1.5f, 3, 0},
+      {"NaN grad norm: skipped and counted", 21, 4.1f, NAN, 3, 1},
+      {"Inf loss: skipped, run of 2", 22, INFINITY, 1.0f, 3, 1},
+      {"loss 16 > 3 x EMA 4.63: a spike, skipped, run of 3", 23, 16.0f, 1.0f, 3, 1},
+      {"finite again: the run resets, EMA updated", 24, 4.2f, 1.0f, 3, 0},
+      {"spike factor 0 disables the spike test: kept", 25, 100.0f, 1.0f, 0, 0}};
+  float st[8] = {0}, got[8], l, g;
+  void *dst = to_device(st, KDA_F32, 8), *dl = to_device(st, KDA_F32, 1), *dg = to_device(st, KDA_F32, 1);
+  for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+    st[KDA_STATE_STEP] = seq[i].step, l = seq[i].loss, g = seq[i].gnorm;
+    be->write(dst, st, 4);   /* the step slot only: the rest is the GPU's own state */
+    be->write(dl, &l, 4);
+    be->write(dg, &g, 4);
+    kda_tview cin[3] = {{st, KDA_F32, 1, {8, 1, 1, 1}}, {&l, KDA_F32, 1, {1, 1, 1, 1}}, {&g, KDA_F32, 1, {1, 1, 1, 1}}};
+    kda_tview gin[3] = {cin[0], cin[1], cin[2]};
+    gin[0].data = dst, gin[1].data = dl, gin[2].data = dg;
+    kda_exec_node cn = {KDA_OP_GUARD, (int32_t)i, 3, cin, cin[0], {10}, {seq[i].factor, 0.9f}};
+    kda_exec_node gn = cn;
+    gn.in = gin, gn.out = gin[0];
+    kda_cpu_run_node(&cn);
+    int rc = be->run(&gn, 1, next_key++);
+    be->read(got, dst, sizeof got);
+    int exact = !rc;
+    for (int k = 0; k < 8; k++) exact &= k == KDA_STATE_LOSS_EMA || got[k] == st[k];
+    double e = fabs((double)got[KDA_STATE_LOSS_EMA] - st[KDA_STATE_LOSS_EMA]) / fmax(1.0, fabs(st[KDA_STATE_LOSS_EMA]));
+    int as_built = st[KDA_STATE_SKIP] == (float)seq[i].skip;
+    char nm[200];
+    snprintf(nm, sizeof nm, "guard step %zu, %s (skip %g run %g skipped %g ema %.4g)%s", i + 1, seq[i].what,
+             got[KDA_STATE_SKIP], got[KDA_STATE_SKIP_RUN], got[KDA_STATE_SKIPPED], got[KDA_STATE_LOSS_EMA],
+             as_built ? "" : " [the CPU reference disagrees with the case]");
+    verdict(exact && as_built && e <= 1e-6, "", nm, e, 1e-6);
+  }
+  be->free(dst), be->free(dl), be->free(dg);
+}
+
+/* ---- decode ops ----------------------------------------------------------------------------- */
+static tin POS(int32_t p) { return GEN(X(KDA_I32, 1, 1, 1, 1, 1), G_INT, (float)p); }
+
+/* ROPE with a pos input: row t of [B,T,H,Dh] at position pos + t (CUDA: pos read on the device). */
+static void rope_at_cases(int dt, double tol) {
+  static const struct { int64_t B, T, H, D; int32_t pos; int inv; } r[] = {
+      {1, 1, 4, 64, 0, 0}, {1, 1, 4, 64, 1, 0}, {1, 1, 2, 128, 4095, 0}, {2, 3, 2, 32, 7, 0}, {1, 1, 4, 64, 77, 1}};
+  char nm[160];
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    snprintf(nm, sizeof nm, "rope %s [%lld,%lld,%lld,%lld] at pos %d%s", dt == KDA_BF16 ? "bf16" : "f32",
+             (long long)r[i].B, (long long)r[i].T, (long long)r[i].H, (long long)r[i].D, r[i].pos, r[i].inv ? " inverse" : "");
+    opcase c = {nm, KDA_OP_ROPE, T2(X(dt, 4, r[i].B, r[i].T, r[i].H, r[i].D), POS(r[i].pos)), dt, {r[i].inv}, {10000.f}, tol, 0, {0}, 0, 1};
+    check(&c);
+  }
+}
+
+/* ATTN_DECODE against cpu_attn_decode: caches [Tmax,H,Dh] f32 full of random rows (the earlier
+ * tokens, and rows past pos that must stay as they are); pos at 0, 1, the middle, the last row.
+ * The caches must match exactly (k, v copied into row pos; bf16 widens exactly); o within the
+ * fp32 softmax's summation order (f32, 1e-5) or bf16's rounding (1e-2). */
+static void attn_decode_cases(void) {
+  static const struct { int64_t H, D, Tmax; int32_t pos; float scale; } a[] = {
+      {4, 64, 67, 0, 0}, {4, 64, 67, 1, 0}, {4, 64, 67, 33, 0}, {4, 64, 67, 66, 0}, {2, 128, 300, 299, 0},
+      {3, 48, 17, 16, 0.2f}, {1, 32, 1, 0, 0}, {2, 96, 1000, 777, 0}};
+  char nm[160];
+  for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+    for (int bf = 0; bf < 2; bf++) {
+      int dt = bf ? KDA_BF16 : KDA_F32;
+      tin q = X(dt, 4, 1, 1, a[i].H, a[i].D), cache = X(KDA_F32, 3, a[i].Tmax, a[i].H, a[i].D, 1);
+      snprintf(nm, sizeof nm, "attn_decode %s H=%lld Dh=%lld Tmax=%lld pos %d%s", bf ? "bf16" : "f32",
+               (long long)a[i].H, (long long)a[i].D, (long long)a[i].Tmax, a[i].pos, a[i].scale != 0 ? " scale 0.2" : "");
+      opcase c = {nm, KDA_OP_ATTN_DECODE, 6, {q, q, q, cache, cache, POS(a[i].pos)}, dt, {0}, {a[i].scale}, bf ? 1e-2 : 1e-5, 0, {3, 4}, 2, 2};
+      check_state(&c, 1e-12);
+    }
+}
+
+/* CONV1D_DECODE against kda_convref_step: the cache [C,W] shifts x in (exact), y = w . cache
+ * (+ SiLU): W <= 8 products, fp32 (1e-6) or bf16 out (1e-2). */
+static void conv1d_decode_cases(void) {
+  static const struct { int64_t C, W; int silu; } v[] = {{96, 4, 1}, {300, 3, 0}, {33, 1, 1}, {1000, 8, 1}, {5, 6, 0}};
+  char nm[160];
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    for (int bf = 0; bf < 2; bf++) {
+      int dt = bf ? KDA_BF16 : KDA_F32;
+      tin x = X(dt, 3, 1, 1, v[i].C, 1), w = GEN(X(KDA_F32, 2, v[i].C, v[i].W, 1, 1), G_NORMAL, 0.5f);
+      snprintf(nm, sizeof nm, "conv1d_decode %s C=%lld W=%lld%s", bf ? "bf16" : "f32", (long long)v[i].C,
+               (long long)v[i].W, v[i].silu ? " silu" : "");
+      opcase c = {nm, KDA_OP_CONV1D_DECODE, T3(x, w, X(KDA_F32, 2, v[i].C, v[i].W, 1, 1)), dt, {v[i].silu}, {0}, bf ? 1e-2 : 1e-6, 0, {2}, 1, 2};
+      check_state(&c, 1e-12);
+    }
+}
+
+/* KDA_DECODE against kda_kdaref_step: one recurrent step from a random state [HV,K,V] (the
+ * tokens before). The CUDA kernel reads bf16 activations and keeps the state in fp32: the state
+ * is held to 1e-4 (expected ~1e-6: __expf for the decay and another summation order over K
+ * before the delta rule's subtraction e = v - S'^T k), o to bf16's rounding (the kernel writes
+ * bf16; an f32 o is widened from it). With f32 activations the kernel reads them rounded to
+ * bf16 and the CPU does not, so the state too is held only to bf16's 1e-2. */
+static void kda_decode_cases(void) {
+  static const struct { const char *what; int64_t H, HV, K, V; int gate, l2, beta; float lb, qks; int f32; } k[] = {
+      {"the model's layer: softplus gate, l2norm, sigmoid beta", 2, 2, 64, 64, 1, 1, 1, 0, 1, 0},
+      {"GVA HV=2H, V=48 (a partial 32-column block)", 2, 4, 32, 48, 1, 1, 1, 0, 1, 0},
+      {"GVA HV=3H, K=V=128", 1, 3, 128, 128, 1, 1, 1, 0, 1, 0},
+      {"lower-bound gate -5, raw q/k, 2*sigmoid beta", 2, 2, 64, 40, 2, 0, 2, -5.f, 0.25f, 0},
+      {"f32 activations (cast to bf16 in scratch), f32 o", 2, 2, 64, 64, 1, 1, 1, 0, 1, 1}};
+  char nm[200];
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    int dt = k[i].f32 ? KDA_F32 : KDA_BF16;
+    int64_t H = k[i].H, HV = k[i].HV, K = k[i].K, V = k[i].V;
+    tin q = GEN(X(dt, 4, 1, 1, H, K), G_NORMAL, k[i].qks), v = X(dt, 4, 1, 1, HV, V), g = X(dt, 4, 1, 1, HV, K);
+    tin beta = X(dt, 3, 1, 1, HV, 1), A_log = GEN(X(KDA_F32, 1, HV, 1, 1, 1), G_NORMAL, 0.5f);
+    tin dt_bias = GEN(X(KDA_F32, 1, HV * K, 1, 1, 1), G_NORMAL, 0.5f), S = GEN(X(KDA_F32, 3, HV, K, V, 1), G_NORMAL, 0.3f);
+    snprintf(nm, sizeof nm, "kda_decode H=%lld HV=%lld K=%lld V=%lld, %s", (long long)H, (long long)HV, (long long)K,
+             (long long)V, k[i].what);
+    opcase c = {nm, KDA_OP_KDA_DECODE, 8, {q, q, v, g, beta, A_log, dt_bias, S}, dt, {k[i].gate, k[i].l2, k[i].beta, 0}, {0, k[i].lb}, 1e-2, 0, {7}, 1, 2};
+    check_state(&c, k[i].f32 ? 1e-2 : 1e-4);
+  }
+}
+
+/* A position the CPU refuses (pos = Tmax, pos = -1) cannot be reported without a host sync:
+ * ATTN_DECODE writes NaN to o and leaves both caches as they were; ROPE at -1 writes NaN. */
+static void decode_bad_pos_checks(void) {
+  const int64_t H = 2, D = 64, TM = 5;
+  for (int i = 0; i < 2; i++) {
+    int32_t pos = i ? -1 : (int32_t)TM;
+    gbuf q = mk(KDA_BF16, 4, 1, 1, H, D, G_NORMAL), kc = mk(KDA_F32, 3, TM, H, D, 1, G_NORMAL);
+    gbuf vc = mk(KDA_F32, 3, TM, H, D, 1, G_NORMAL), p = mk(KDA_I32, 1, 1, 1, 1, 1, -1);
+    gbuf o = mk(KDA_BF16, 4, 1, 1, H, D, -1), r = mk(KDA_F32, 4, 1, 1, H, D, -1);
+    be->write(p.d, &pos, 4);
+    kda_tview in[6] = {tv(&q), tv(&q), tv(&q), tv(&kc), tv(&vc), tv(&p)}, rin[2] = {tv(&q), tv(&p)};
+    kda_exec_node nd[2] = {{KDA_OP_ATTN_DECODE, 0, 6, in, tv(&o), {0}, {0}}, {KDA_OP_ROPE, 1, 2, rin, tv(&r), {0}, {10000.f}}};
+    int rc = be->run(nd, i ? 2 : 1, next_key++);
+    float *ho = from_device(o.d, KDA_BF16, o.n), *hr = from_device(r.d, KDA_F32, r.n);
+    float *hk = from_device(kc.d, KDA_F32, kc.n), *hv = from_device(vc.d, KDA_F32, vc.n);
+    int nan = 1;
+    for (int64_t j = 0; j < o.n; j++) nan &= isnan(ho[j]) && (!i || isnan(hr[j]));
+    int same = !memcmp(hk, kc.init, (size_t)kc.n * 4) && !memcmp(hv, vc.init, (size_t)vc.n * 4);
+    char nm[160];
+    snprintf(nm, sizeof nm, "attn_decode pos %d of Tmax %lld: o is NaN, caches untouched%s", pos, (long long)TM,
+             i ? "; rope at pos -1 is NaN" : "");
+    verdict(!rc && nan && same, "", nm, nan && same ? 0 : 1, 0);
+    free(ho), free(hr), free(hk), free(hv);
+    gbuf *all[6] = {&q, &kc, &vc, &p, &o, &r};
+    for (int j = 0; j < 6; j++) { be->free(all[j]->d); free(all[j]->init); }
+  }
+}
+
+/* ---- a decode step as one captured list, replayed with new inputs and a new position -------
+ * ROPE(q, pos), ROPE(k, pos) -> ATTN_DECODE over an 8-row KV cache; CONV1D_DECODE; KDA_DECODE
+ * (reading q, k, v too). Five calls under one key (eager, capture + launch, three replays);
+ * before each, new bf16 token inputs and pos = call are written; the CPU runs the same nodes
+ * on its own caches and state, from zero like `kda sample` after a reset. A kernel that took
+ * pos, or anything else, from the host at capture time fails from call 3 on. Outputs are bf16
+ * (1e-2); the rotated q, k are f32 here, so the caches and the KDA state hold to 1e-4. */
+static void decode_replay_checks(void) {
+  enum { H = 2, D = 64, TM = 8, C = 96, W = 4, NB = 19, NCALL = 5 };
+  enum { Q, K, V, QR, KR, KC, VC, P, O, XC, WC, CC, Y, G, BETA, ALOG, DTB, S, O2 };
+  gbuf b[NB];
+  b[Q] = mk(KDA_BF16, 4, 1, 1, H, D, -1), b[K] = mk(KDA_BF16, 4, 1, 1, H, D, -1), b[V] = mk(KDA_BF16, 4, 1, 1, H, D, -1);
+  b[QR] = mk(KDA_F32, 4, 1, 1, H, D, -1), b[KR] = mk(KDA_F32, 4, 1, 1, H, D, -1);
+  b[KC] = mk(KDA_F32, 3, TM, H, D, 1, -1), b[VC] = mk(KDA_F32, 3, TM, H, D, 1, -1);
+  b[P] = mk(KDA_I32, 1, 1, 1, 1, 1, -1), b[O] = mk(KDA_BF16, 4, 1, 1, H, D, -1);
+  b[XC] = mk(KDA_BF16, 3, 1, 1, C, 1, -1), b[WC] = mk(KDA_F32, 2, C, W, 1, 1, G_NORMAL);
+  b[CC] = mk(KDA_F32, 2, C, W, 1, 1, -1), b[Y] = mk(KDA_BF16, 3, 1, 1, C, 1, -1);
+  b[G] = mk(KDA_BF16, 4, 1, 1, H, D, -1), b[BETA] = mk(KDA_BF16, 3, 1, 1, H, 1, -1);
+  b[ALOG] = mk(KDA_F32, 1, H, 1, 1, 1, G_NORMAL), b[DTB] = mk(KDA_F32, 1, H * D, 1, 1, 1, G_NORMAL);
+  b[S] = mk(KDA_F32, 3, H, D, D, 1, -1), b[O2] = mk(KDA_BF16, 4, 1, 1, H, D, -1);
+  static const int fresh[] = {Q, K, V, XC, G, BETA};   /* new every call */
+  float *h[NB];
+  kda_tview cv[NB], gv[NB];
+  for (int i = 0; i < NB; i++) {
+    h[i] = malloc((size_t)b[i].n * 4);
+    memcpy(h[i], b[i].init, (size_t)b[i].n * 4);
+    gv[i] = tv(&b[i]), cv[i] = gv[i];
+    cv[i].data = h[i], cv[i].dtype = b[i].dt == KDA_I32 ? KDA_I32 : KDA_F32;
+  }
+  int ins[5][8] = {{Q, P}, {K, P}, {QR, KR, V, KC, VC, P}, {XC, WC, CC}, {Q, K, V, G, BETA, ALOG, DTB, S}};
+  int nin[5] = {2, 2, 6, 3, 8}, ops[5] = {KDA_OP_ROPE, KDA_OP_ROPE, KDA_OP_ATTN_DECODE, KDA_OP_CONV1D_DECODE, KDA_OP_KDA_DECODE};
+  int outs[5] = {QR, KR, O, Y, O2};
+  kda_tview cin[5][8], gin[5][8];
+  kda_exec_node cn[5], gn[5];
+  memset(cn, 0, sizeof cn);
+  for (int j = 0; j < 5; j++) {
+    for (int i = 0; i < nin[j]; i++) cin[j][i] = cv[ins[j][i]], gin[j][i] = gv[ins[j][i]];
+    cn[j].op = ops[j], cn[j].id = j, cn[j].nin = nin[j], cn[j].in = cin[j], cn[j].out = cv[outs[j]];
+    gn[j] = cn[j], gn[j].in = gin[j], gn[j].out = gv[outs[j]];
+  }
+  cn[0].fattr[0] = cn[1].fattr[0] = gn[0].fattr[0] = gn[1].fattr[0] = 10000.f;
+  cn[3].iattr[0] = gn[3].iattr[0] = 1;   /* SiLU */
+  for (int k = 0; k < 3; k++) cn[4].iattr[k] = gn[4].iattr[k] = 1;   /* softplus gate, l2norm, sigmoid beta */
+  int key = next_key++;
+  const char *how[NCALL] = {"eager", "capture + launch", "replay", "replay", "replay"};
+  for (int call = 0; call < NCALL; call++) {
+    for (size_t f = 0; f < sizeof fresh / sizeof fresh[0]; f++) {
+      gbuf *x = &b[fresh[f]];
+      tin t = {x->dt, x->nd, {x->sh[0], x->sh[1], x->sh[2], x->sh[3]}, G_NORMAL, 1.0f, NULL};
+      fill_host(&t, h[fresh[f]], NULL);
+      upload(x->d, h[fresh[f]], x->dt, x->n);
+    }
+    ((int32_t *)h[P])[0] = call;
+    be->write(b[P].d, h[P], 4);
+    int rc = 0;
+    for (int j = 0; j < 5 && !rc; j++) rc = kda_cpu_run_node(&cn[j]);
+    if (rc || be->run(gn, 5, key)) { printf("FAIL - decode list call %d: %s\n", call + 1, kda_last_error()); nfail++; break; }
+    double eo = 0, es = 0;
+    int out_ids[3] = {O, Y, O2}, st_ids[4] = {KC, VC, CC, S};
+    for (int i = 0; i < 7; i++) {
+      int id = i < 3 ? out_ids[i] : st_ids[i - 3];
+      float *g = from_device(b[id].d, b[id].dt, b[id].n);
+      double e = rms_ratio(g, h[id], b[id].n);
+      double *w = i < 3 ? &eo : &es;
+      if (!(e <= *w)) *w = e;
+      free(g);
+    }
+    char nm[160];
+    snprintf(nm, sizeof nm, "decode list call %d (%s, pos %d): attn, conv, kda outputs", call + 1, how[call], call);
+    verdict(!isnan(eo) && eo <= 1e-2, "", nm, eo, 1e-2);
+    snprintf(nm, sizeof nm, "decode list call %d (%s, pos %d): KV caches, conv cache, KDA state", call + 1, how[call], call);
+    verdict(!isnan(es) && es <= 1e-4, "", nm, es, 1e-4);
+  }
+  for (int i = 0; i < NB; i++) { be->free(b[i].d); free(b[i].init); free(h[i]); }
+}
+
 int main(void) {
   be = kda_cuda_backend();
   if (!be) {
@@ -664,9 +1047,21 @@ int main(void) {
   matmul_cases();
   attention_cases();
   optim_cases();
+  schedule_checks();
+  adamw_more_cases();
+  muon_cases();
+  ema_retract_cases();
+  guard_checks();
   adamw_multi_checks();
   shadow_checks();
   graph_checks();
+  rope_at_cases(KDA_F32, 2e-5);
+  rope_at_cases(KDA_BF16, 1e-2);
+  attn_decode_cases();
+  conv1d_decode_cases();
+  kda_decode_cases();
+  decode_bad_pos_checks();
+  decode_replay_checks();
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail ? 1 : 0;
 }
