@@ -38,6 +38,13 @@ typedef struct kda_backend {
   /* Run nodes[0..n) in order. `key` identifies the list (the same key always means the same
    * list with the same pointers), so a backend may capture it once and replay it. */
   int (*run)(const kda_exec_node *nodes, int n, int key);
+  /* Optional (NULL: not offered). write_input: as write, for a small graph input (a batch)
+   * that the next run reads; it may return before the copy is done, since the backend orders
+   * the copy before that run (CUDA: pinned staging, a side stream, no host wait).
+   * marks: where the backward and the optimizer begin in the list about to run (n, n for a
+   * forward-only list), for the backend's per-stage timers. */
+  int (*write_input)(void *dst, const void *src, int64_t bytes);
+  void (*marks)(int bwd_begin, int opt_begin);
 } kda_backend;
 
 const kda_backend *kda_cpu_backend(void);

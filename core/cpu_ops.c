@@ -630,7 +630,7 @@ static int cpu_run(const kda_exec_node *nodes, int n, int key) {
 }
 
 const kda_backend *kda_cpu_backend(void) {
-  static const kda_backend be = {"cpu", cpu_alloc, free, cpu_copy, cpu_copy, cpu_run};
+  static const kda_backend be = {"cpu", cpu_alloc, free, cpu_copy, cpu_copy, cpu_run, NULL, NULL};
   return &be;
 }
 

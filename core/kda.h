@@ -213,6 +213,7 @@ int kda_plan_set_profile(kda_plan *p, int on);
 
 /* ---- utilities and the host (core/main.c) ------------------------------------------------ */
 double kda_now(void);                                 /* monotonic seconds */
+double kda_since_start(void);                         /* seconds since the process started */
 int kda_interrupted(void);                            /* 1 after Ctrl-C: stop after this step */
 void kda_clear_interrupt(void);
 const char *kda_readline(const char *prompt);         /* NULL at end of input; valid until next call */

@@ -29,7 +29,7 @@ struct kda_plan {
   int64_t arena_bytes, naive_bytes, persist_bytes;
   kda_exec_node *exec;
   kda_tview *views;
-  int nexec, nexec_fwd;
+  int nexec, nexec_fwd, opt_begin;   /* opt_begin: the first optimizer node (GRAD_NORM ...) */
   int32_t *state;
   int nstate;
   int profile;
@@ -150,6 +150,15 @@ static kda_tview tview_of(const kda_plan *p, int32_t i) {
   return t;
 }
 
+/* The ops core/optim.c appends after the backward: the "optimizer" stage of the step timers. */
+static int is_optimizer_op(int op) {
+  switch (op) {
+  case KDA_OP_GRAD_NORM: case KDA_OP_SCHEDULE: case KDA_OP_GUARD: case KDA_OP_ADAMW:
+  case KDA_OP_MUON: case KDA_OP_EMA: case KDA_OP_RETRACT: return 1;
+  default: return 0;
+  }
+}
+
 static int build_exec(kda_plan *p) {
   kda_graph *g = p->g;
   int64_t nviews = 0;
@@ -169,6 +178,9 @@ static int build_exec(kda_plan *p) {
     memcpy(e->fattr, nd->fattr, sizeof e->fattr);
     if (i < p->nforward) p->nexec_fwd = p->nexec;
   }
+  p->opt_begin = p->nexec;
+  for (int i = p->nexec - 1; i >= p->nexec_fwd; i--)
+    if (is_optimizer_op(p->exec[i].op)) p->opt_begin = i;
   return 0;
 }
 
@@ -292,6 +304,7 @@ static int run_cpu_profiled(kda_plan *p, int count) {
 int kda_plan_run(kda_plan *p, int what) {
   int count = what == KDA_RUN_FORWARD ? p->nexec_fwd : p->nexec;
   if (p->profile && p->backend == KDA_BACKEND_CPU) return run_cpu_profiled(p, count);
+  if (p->be->marks) p->be->marks(what == KDA_RUN_FORWARD ? count : p->nexec_fwd, what == KDA_RUN_FORWARD ? count : p->opt_begin);
   return p->be->run(p->exec, count, what);
 }
 
@@ -309,6 +322,9 @@ int kda_plan_write(kda_plan *p, int32_t id, const void *src, int64_t bytes) {
   if (check_io(p, id, bytes, "write")) return -1;
   if (!(p->g->nodes[id].flags & NODE_PERSIST))
     return kda_set_error("plan write: node %d is computed, not an input or parameter", id);
+  /* a batch (an input of the forward, not optimizer state or a parameter): no host wait */
+  if (p->be->write_input && p->g->nodes[id].op == KDA_OP_INPUT && id < p->nforward && bytes <= ((int64_t)64 << 20))
+    return p->be->write_input(p->ptr[id], src, bytes);
   return p->be->write(p->ptr[id], src, bytes);
 }
 

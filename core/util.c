@@ -29,3 +29,8 @@ double kda_now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* Seconds since the process started (the library's load, before main): "time to first step". */
+static double process_start;
+__attribute__((constructor)) static void note_process_start(void) { process_start = kda_now(); }
+double kda_since_start(void) { return kda_now() - process_start; }

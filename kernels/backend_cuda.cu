@@ -30,6 +30,12 @@ typedef struct graph_entry {
   cudaGraphExec_t exec;
 } graph_entry;
 
+typedef struct input_slot {   /* one graph input's pinned host buffer and device staging */
+  void *dst, *host, *stage;
+  int64_t cap;
+  cudaEvent_t copied, consumed;
+} input_slot;
+
 enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536, MAX_SHADOWS = 2048 };
 
 static struct {
@@ -51,6 +57,15 @@ static struct {
   int npool;
   kc_shadow act[MAX_SHADOWS];
   int nact;
+  /* per-stage timers: events at the start, the backward, the optimizer and the end of every
+   * training list (recorded inside captured graphs too), read at the logging cadence */
+  int mark_bwd, mark_opt, stages_recorded;
+  cudaEvent_t stage_ev[4];
+  /* batches: pinned host copy -> device staging on the side stream -> the input buffer on
+   * kda's stream, so the host never waits for the step in flight (cu_write_input) */
+  cudaStream_t side;
+  input_slot in[16];
+  int nin;
 } G;
 
 static const char *op_name(int op) { return kda_op_name(op); }
@@ -106,6 +121,9 @@ static int init_once(void) {
     G.state = -1;
     return -1;
   }
+  if (cudaStreamCreateWithFlags(&G.side, cudaStreamNonBlocking) != cudaSuccess) { cudaGetLastError(); G.state = -1; return -1; }
+  for (int i = 0; i < 4; i++)
+    if (cudaEventCreate(&G.stage_ev[i]) != cudaSuccess) { cudaGetLastError(); G.state = -1; return -1; }
   snprintf(G.name, sizeof G.name, "%s", prop.name);
   G.ctx.num_sms = prop.multiProcessorCount;
   G.state = 1;   /* dev_alloc below tracks bytes; a failure turns the backend off again */
@@ -177,6 +195,17 @@ static void cu_free(void *p) {
       G.pool[i] = G.pool[--G.npool];
     }
   }
+  for (int i = G.nin - 1; i >= 0; i--) {   /* batch slots of inputs inside the freed block */
+    input_slot *sl = &G.in[i];
+    if ((char *)sl->dst >= (char *)p && (char *)sl->dst < (char *)p + bytes) {
+      cudaFreeHost(sl->host);
+      untrack(sl->stage);
+      cudaFree(sl->stage);
+      cudaEventDestroy(sl->copied);
+      cudaEventDestroy(sl->consumed);
+      G.in[i] = G.in[--G.nin];
+    }
+  }
   untrack(p);
   cudaFree(p);
 }
@@ -194,6 +223,43 @@ static int cu_read(void *dst, const void *src, int64_t bytes) {
   CK(cudaStreamSynchronize(G.ctx.stream));
   return 0;
 }
+
+/* A batch for the next run. Three hops, none of which makes the host wait for the GPU:
+ * memcpy into this input's pinned buffer (once the previous batch has left it: `copied`, long
+ * done by then), an asynchronous upload into a device staging buffer on the side stream (once
+ * the previous batch has left that: `consumed`), and a device copy into the input buffer on
+ * kda's stream, queued behind the step in flight, which still reads the old batch. The upload
+ * thus overlaps the previous step; the device copy costs ~2 us between steps.                  */
+static int cu_write_input(void *dst, const void *src, int64_t bytes) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  input_slot *sl = NULL;
+  for (int i = 0; i < G.nin; i++)
+    if (G.in[i].dst == dst) sl = &G.in[i];
+  if (sl && sl->cap < bytes) return cu_write(dst, src, bytes);   /* a larger view of the buffer */
+  if (!sl) {
+    if (G.nin == (int)(sizeof G.in / sizeof G.in[0])) return cu_write(dst, src, bytes);
+    sl = &G.in[G.nin];
+    memset(sl, 0, sizeof *sl);
+    CK(cudaHostAlloc(&sl->host, (size_t)bytes, cudaHostAllocDefault));
+    sl->stage = dev_alloc(bytes, "a batch staging buffer");
+    if (!sl->stage) { cudaFreeHost(sl->host); return -1; }
+    CK(cudaEventCreateWithFlags(&sl->copied, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&sl->consumed, cudaEventDisableTiming));
+    sl->dst = dst, sl->cap = bytes;
+    G.nin++;
+  }
+  CK(cudaEventSynchronize(sl->copied));
+  memcpy(sl->host, src, (size_t)bytes);
+  CK(cudaStreamWaitEvent(G.side, sl->consumed, 0));
+  CK(cudaMemcpyAsync(sl->stage, sl->host, (size_t)bytes, cudaMemcpyHostToDevice, G.side));
+  CK(cudaEventRecord(sl->copied, G.side));
+  CK(cudaStreamWaitEvent(G.ctx.stream, sl->copied, 0));
+  CK(cudaMemcpyAsync(dst, sl->stage, (size_t)bytes, cudaMemcpyDeviceToDevice, G.ctx.stream));
+  CK(cudaEventRecord(sl->consumed, G.ctx.stream));
+  return 0;
+}
+
+static void cu_marks(int bwd_begin, int opt_begin) { G.mark_bwd = bwd_begin, G.mark_opt = opt_begin; }
 
 /* ---- one node ---------------------------------------------------------------------------- */
 static int64_t scratch_need(const kda_exec_node *n) {
@@ -304,7 +370,17 @@ static int shadow_plan(const kda_exec_node *nodes, int n) {
   return 0;
 }
 
+/* Stage event k of a training list (0 start, 1 backward, 2 optimizer, 3 end); inside a
+ * capture it becomes an event-record node of the graph, so replays re-record it. */
+static int stage_mark(int k, int capturing) {
+  CK(capturing ? cudaEventRecordWithFlags(G.stage_ev[k], G.ctx.stream, cudaEventRecordExternal)
+               : cudaEventRecord(G.stage_ev[k], G.ctx.stream));
+  return 0;
+}
+
 static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+  int timed = G.mark_bwd < n, next_mark = 1;   /* forward-only lists (evaluation) are not timed */
+  if (timed && stage_mark(0, capturing)) return -1;
   kc_gemm_set_shadows(G.act, G.nact, nodes, n);
   if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) {
     kc_gemm_set_shadows(NULL, 0, NULL, 0);
@@ -312,6 +388,8 @@ static int run_list(const kda_exec_node *nodes, int n, int capturing) {
   }
   for (int i = 0; i < n; i++) {
     int used = 1;
+    for (; timed && next_mark < 3 && i >= (next_mark == 1 ? G.mark_bwd : G.mark_opt); next_mark++)
+      if (stage_mark(next_mark, capturing)) { kc_gemm_set_shadows(NULL, 0, NULL, 0); return -1; }
     if (nodes[i].op == KDA_OP_ADAMW) {   /* and the ADAMW nodes right after it: one launch */
       used = kc_adamw_multi(&nodes[i], n - i, &G.ctx);
       if (used < 0) { kc_gemm_set_shadows(NULL, 0, NULL, 0); return -1; }
@@ -330,6 +408,12 @@ static int run_list(const kda_exec_node *nodes, int n, int capturing) {
     }
   }
   kc_gemm_set_shadows(NULL, 0, NULL, 0);
+  if (timed) {
+    for (; next_mark < 3; next_mark++)
+      if (stage_mark(next_mark, capturing)) return -1;
+    if (stage_mark(3, capturing)) return -1;
+    G.stages_recorded = 1;
+  }
   return 0;
 }
 
@@ -524,7 +608,8 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
   return 0;
 }
 
-static const kda_backend cuda_backend = {"cuda", cu_alloc, cu_free, cu_write, cu_read, cu_run};
+static const kda_backend cuda_backend = {"cuda", cu_alloc, cu_free, cu_write, cu_read, cu_run,
+                                         cu_write_input, cu_marks};
 
 extern "C" const kda_backend *kda_cuda_backend(void) {
   return init_once() ? NULL : &cuda_backend;
@@ -540,6 +625,25 @@ extern "C" void *kda_cuda_stream(void) { return init_once() ? NULL : (void *)G.c
 extern "C" int kda_cuda_synchronize(void) {
   if (init_once()) return kda_set_error("cuda: no CUDA device");
   CK(cudaStreamSynchronize(G.ctx.stream));
+  return 0;
+}
+
+extern "C" int kda_cuda_stage_ms(double *ms) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  if (!G.stages_recorded) return kda_set_error("cuda: no training step has run yet");
+  CK(cudaEventSynchronize(G.stage_ev[3]));
+  for (int k = 0; k < 3; k++) {
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, G.stage_ev[k], G.stage_ev[k + 1]));
+    ms[k] = t;
+  }
+  return 0;
+}
+
+extern "C" int kda_cuda_set_graphs(int on) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaStreamSynchronize(G.ctx.stream));
+  G.no_graph = !on;
   return 0;
 }
 

@@ -26,6 +26,13 @@ int kda_cuda_synchronize(void);
 int kda_cuda_util_start(void);
 int kda_cuda_util_stop(double *mean_pct);
 
+/* GPU milliseconds of the forward, backward and optimizer stages of the last training step
+ * (events recorded inside the step, graph or eager): ms[0..2]. Waits for that step. */
+int kda_cuda_stage_ms(double *ms);
+
+/* 0: run every list eagerly (what --no-graph and KDA_NO_GRAPH=1 do); 1: capture and replay. */
+int kda_cuda_set_graphs(int on);
+
 /* Name of device 0 and its dense bf16 peak in FLOP/s from a small table (0 if unknown). */
 const char *kda_cuda_device_name(void);
 double kda_cuda_bf16_peak_flops(void);

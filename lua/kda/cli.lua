@@ -94,6 +94,7 @@ local function run_file(path, opts, args)
   local chunk, err = loadfile(path)
   if not chunk then error(err, 0) end
   kda.args = { opts = opts, set = opts.set, positional = args, script = path }
+  if opts["no-graph"] and kda.C.kda_cuda_available() == 1 then kda.C.kda_cuda_set_graphs(0) end
   local env = require("kda.sandbox").env(kda, opts.trust, args)
   setfenv(chunk, env)
   local ok, res = xpcall(function() return chunk(unpack(args)) end, function(e)

@@ -172,7 +172,15 @@ end
 -- dense bf16 rate of the card. Only on CUDA; the CPU has no single meaningful peak.
 local function mfu(backend, nparams, tps)
   if backend ~= "cuda" then return nil end
-  return 6 * nparams * tps / 989e12   -- H100/H200 SXM dense bf16
+  local peak = C.kda_cuda_bf16_peak_flops()
+  return 6 * nparams * tps / (peak > 0 and peak or 989e12)   -- unknown card: an H100/H200's dense bf16
+end
+
+-- " | gpu fwd a bwd b opt c ms": the last step's stages, timed by events inside the step.
+local stage_ms = ffi.new("double[3]")
+local function stage_text(backend)
+  if backend ~= "cuda" or C.kda_cuda_stage_ms(stage_ms) ~= 0 then return "" end
+  return (" | gpu fwd %.2f bwd %.2f opt %.2f ms"):format(stage_ms[0], stage_ms[1], stage_ms[2])
 end
 
 -- The run directory, resuming from its newest valid checkpoint when asked. Returns run, start step.
@@ -254,6 +262,9 @@ function M.run(cfg)
     return ev
   end
   local t0, tlog, steps_done, last_ckpt, bpb_txt = C.kda_now(), C.kda_now(), start, start, ""
+  local first_step_s   -- process start (kda_now counts from it) to the end of the first step
+  local sampling = backend == "cuda" and C.kda_cuda_util_start() == 0
+  if backend == "cuda" then C.kda_cuda_reset_peak_mem() end
   local reported_skips = 0
   local step_log = start
   for step = start + 1, cfg.steps do
@@ -261,6 +272,10 @@ function M.run(cfg)
     plan:write(io.tokens, ffi.cast("void*", C.kda_data_batch_tokens(d)), 4 * B * T)
     plan:write(io.targets, ffi.cast("void*", C.kda_data_batch_targets(d)), 4 * B * T)
     plan:run(false)
+    if step == start + 1 then
+      if backend == "cuda" then C.kda_cuda_synchronize() end
+      first_step_s = C.kda_since_start()
+    end
     steps_done = step
     local row
     if step % cfg.log_every == 0 or step == cfg.steps then
@@ -272,11 +287,13 @@ function M.run(cfg)
       result.losses[#result.losses + 1] = { step = step, loss = loss }
       result.tokens_per_s = tps
       local eta = (cfg.steps - step) * B * T / tps
-      P.line(("step %d/%d | loss %.4f%s | %s tok/s | ETA %s"):format(step, cfg.steps, loss, bpb_txt, fmt_rate(tps), fmt_time(eta)),
-             ("step %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.1f s")
-               :format(step, cfg.steps, loss, st[2], gnorm, fmt_rate(tps), now - t0))
+      local m = mfu(backend, nparams, tps)
+      local mfu_txt = m and (" | MFU %.1f%%"):format(100 * m) or ""
+      P.line(("step %d/%d | loss %.4f%s | %s tok/s%s | ETA %s"):format(step, cfg.steps, loss, bpb_txt, fmt_rate(tps), mfu_txt, fmt_time(eta)),
+             ("step %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s%s | %.1f s%s")
+               :format(step, cfg.steps, loss, st[2], gnorm, fmt_rate(tps), mfu_txt, now - t0, stage_text(backend)))
       row = { step = step, tokens = step * B * T, loss = loss, lr = st[2], grad_norm = gnorm, tok_s = tps,
-              mfu = mfu(backend, nparams, tps) }
+              mfu = m }
       if cfg.on_log then cfg.on_log(step, loss) end
       local run_of_skips, skipped = st[C.KDA_STATE_SKIP_RUN + 1], st[C.KDA_STATE_SKIPPED + 1]
       if skipped > reported_skips then
@@ -317,6 +334,16 @@ function M.run(cfg)
   P.done()
   if run and last_ckpt ~= steps_done then checkpoint(steps_done) end
   result.train_seconds = C.kda_now() - t0 - eval_seconds  -- training alone, evaluations excluded
+  result.first_step_seconds = first_step_s
+  if backend == "cuda" then   -- the run summary: utilisation, memory, time to the first step
+    local pct = ffi.new("double[1]")
+    local n = sampling and C.kda_cuda_util_stop(pct) or 0
+    result.gpu_util = n > 0 and pct[0] or nil
+    result.peak_mem = C.kda_cuda_peak_mem_bytes()
+    say(("summary: %d steps in %.1f s of training | GPU busy %s | peak device memory %.2f GiB | first step done %.2f s after start")
+        :format(steps_done - start, result.train_seconds, n > 0 and ("%.0f%% (NVML, mean of %d samples)"):format(pct[0], n) or "n/a (no NVML)",
+                result.peak_mem / 2^30, first_step_s or 0))
+  end
   local ev = evaluate()
   result.evals[#result.evals + 1] = { step = steps_done, tokens = steps_done * B * T, eval = ev,
                                       train_seconds = result.train_seconds }
