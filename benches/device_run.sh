@@ -10,6 +10,8 @@
 #   probe   where the time goes: per-op GPU profile of the GPT/hybrid steps (KDA_CUDA_PROFILE),
 #           tests/runs.sh with the CUDA kda (resume identity on the GPU), the KDA kernels under
 #           ncu (per-kernel times) and compute-sanitizer (memcheck, racecheck)
+#   check   the CUDA op tests (incl. optimizer and decode ops), tests/runs.sh and tests/lua/runs.lua
+#           with the CUDA kda, kda sample on the GPU, per-op profiles of the S/M steps
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -79,6 +81,24 @@ if [ "$MODE" = race ] && [ -f .devbuild/data/prose.txt.xz ]; then
   (cd /tmp && timeout 330 "$KDA" --trust "$KDA_HOME/benches/race.lua" corpus=/tmp/corpus eval_every=500 \
     max_seconds=${RACE_SECONDS:-200} 2>&1 | grep -E "^(#|race)" | tee "$OUT/race_kda.log")
 fi
+if [ "$MODE" = check ]; then
+  stage "cuda op tests"
+  KDA_CUDA_SYNC=1 timeout 150 build/gpu/test_cuda_ops > "$OUT/test_cuda_ops.log" 2>&1; echo "rc=$?"
+  grep -E "^FAIL|passed, " "$OUT/test_cuda_ops.log" | tail -25
+  KDA_ATTN_SIMPLE=1 KDA_NO_GRAPH=1 timeout 120 build/gpu/test_cuda_ops >> "$OUT/test_cuda_ops.log" 2>&1; echo "fallback paths rc=$?"
+  grep -E "^FAIL|passed, " "$OUT/test_cuda_ops.log" | tail -3
+  stage "tests/runs.sh and tests/lua/runs.lua with the CUDA kda"
+  KDA=$KDA timeout 200 bash tests/runs.sh > "$OUT/runs_gpu.log" 2>&1; echo "rc=$?"; grep -E "^FAIL|passed, " "$OUT/runs_gpu.log"
+  timeout 120 "$KDA" --trust tests/lua/runs.lua >> "$OUT/runs_gpu.log" 2>&1; echo "lua runs rc=$?"; grep -E "^FAIL|passed, " "$OUT/runs_gpu.log" | tail -4
+  stage "per-op GPU profile (KDA_CUDA_PROFILE=1) and the pipelined S step"
+  for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=M batch=64 seq=1024"; do
+    echo "## $args" >> "$OUT/profile.log"
+    KDA_CUDA_PROFILE=1 timeout 90 "$KDA" --trust benches/gpt_bench.lua $args steps=56 check=0 2>&1 | grep -E "^(#|  |kda:)" >> "$OUT/profile.log"
+  done
+  head -c 9000 "$OUT/profile.log"
+  timeout 60 "$KDA" --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=300 2>&1 | grep -E "^(check|kda)"
+fi
+
 if [ "$MODE" = probe ]; then
   stage "per-op GPU profile (KDA_CUDA_PROFILE=1: segments run back to back, eager)"
   for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=S batch=64 seq=512" \

@@ -1,12 +1,14 @@
 -- benches/gpt_bench.lua — kda's GPT step time on the CUDA backend (run on the H200 by
--- benches/device_run.sh). Prints warm step times (median over steps >= 50, step index shown),
--- tokens/s, MFU against the card's dense bf16 peak, time to first step, peak memory, and a
--- CUDA-vs-CPU loss check on a tiny model.
+-- benches/device_run.sh). Prints the warm step time (mean of steps 51.. run back to back without a
+-- host sync, as training runs them; and step 50 alone, synced), tokens/s, MFU against the card's
+-- dense bf16 peak, time from process start to the first finished step (the tiny-model check
+-- before it excluded), peak memory, the last step's per-stage GPU times, and a CUDA-vs-CPU loss
+-- check on a tiny model.
 --   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [arch=hybrid] [optimizer=muon]
 local kda = require "kda"
 local ffi = require "ffi"
 local C = kda.C
-local t_start = kda.now()
+local check_seconds = 0   -- the tiny-model check is not part of the time to first step
 local opt = { size = "S", batch = 8, seq = 512, steps = 120, check = 1, arch = "gpt", optimizer = "adamw" }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^(%w+)=(.*)$")
@@ -26,6 +28,7 @@ local function gpt_flops_per_token(n_params, cfg, T)
 end
 
 if opt.check == 1 then -- tiny model: the first losses on CUDA and CPU agree within bf16 rounding
+  local c0 = kda.now()
   local losses = {}
   for _, be in ipairs { "cpu", "cuda" } do
     local r = kda.train { model = model { d = 64, layers = 4, heads = 2 }, data = { { path = "data/small/prose.txt", name = "prose" } },
@@ -36,6 +39,7 @@ if opt.check == 1 then -- tiny model: the first losses on CUDA and CPU agree wit
   for i, x in ipairs(losses.cpu) do worst = math.max(worst, math.abs(x.loss - losses.cuda[i].loss) / x.loss) end
   print(("check %s: cuda vs cpu losses over 6 steps, worst relative difference %.2e (%s); cpu %s cuda %s")
         :format(opt.arch, worst, worst < 0.03 and "ok" or "FAIL", losses.cpu[6].loss, losses.cuda[6].loss))
+  check_seconds = kda.now() - c0
 end
 
 local mcfg = sizes[opt.size]
@@ -51,28 +55,36 @@ data:start(B, T, 1, true)
 C.kda_cuda_reset_peak_mem()
 C.kda_cuda_util_start()
 local times, first_step = {}, nil
+local t_pipe   -- steps after 50 run without a host sync, as in training: their mean is the throughput
 for step = 0, opt.steps - 1 do
   local tok, tgt = data:next()
   local t0 = kda.now()
   plan:write(io.tokens, ffi.cast("void*", tok), 4 * B * T)
   plan:write(io.targets, ffi.cast("void*", tgt), 4 * B * T)
   plan:run(false)
-  C.kda_cuda_synchronize()
-  local t1 = kda.now()
-  times[#times + 1] = t1 - t0
-  if step == 0 then first_step = t1 - t_start end
+  if step <= 50 then
+    C.kda_cuda_synchronize()
+    times[#times + 1] = kda.now() - t0
+    if step == 0 then first_step = C.kda_since_start() - check_seconds end
+    if step == 50 then t_pipe = kda.now() end
+  end
 end
+C.kda_cuda_synchronize()
+local pipe = (kda.now() - t_pipe) / (opt.steps - 51)
+local stage = ffi.new("double[3]")
+C.kda_cuda_stage_ms(stage)
 local util = ffi.new("double[1]")
 C.kda_cuda_util_stop(util)
 local warm = {}
-for i = 51, #times do warm[#warm + 1] = times[i] end
+for i = 41, 51 do warm[#warm + 1] = times[i] end   -- steps 40..50, each timed alone (host sync)
 table.sort(warm)
-local med = warm[math.floor((#warm + 1) / 2)]
+local synced = warm[math.floor((#warm + 1) / 2)]
+local med = pipe
 local n = G:param_count()
 local fpt = gpt_flops_per_token(n, mcfg, T)
 local peak = C.kda_cuda_bf16_peak_flops()
 local loss = plan:read_floats(io.loss)
-print(("kda %s %s %s %.2fM params batch %dx%d graph=%s | warm step (median of steps 50..%d) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s")
+print(("kda %s %s %s %.2fM params batch %dx%d graph=%s | warm step (mean of steps 51..%d, pipelined) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s | step %d alone (synced, median of steps 40..50) %.3f ms | gpu fwd %.3f bwd %.3f opt %.3f ms (last step)")
       :format(opt.arch, opt.optimizer, opt.size, n / 1e6, B, T, os.getenv("KDA_NO_GRAPH") and "no" or "yes", opt.steps - 1, med * 1e3, B * T / med / 1e6,
               100 * fpt * B * T / med / peak, peak / 1e12, first_step, C.kda_cuda_peak_mem_bytes() / 2^30, util[0], loss,
-              ffi.string(C.kda_cuda_device_name())))
+              ffi.string(C.kda_cuda_device_name()), 50, synced * 1e3, stage[0], stage[1], stage[2]))
