@@ -183,6 +183,14 @@ local function stage_text(backend)
   return (" | gpu fwd %.2f bwd %.2f opt %.2f ms"):format(stage_ms[0], stage_ms[1], stage_ms[2])
 end
 
+-- The CPU's model name (/proc/cpuinfo) for meta.txt's device line.
+local function cpu_name()
+  local f = io.open("/proc/cpuinfo", "r")
+  local name = f and f:read("*a"):match("model name%s*:%s*([^\n]+)")
+  if f then f:close() end
+  return name or "cpu"
+end
+
 -- The run directory, resuming from its newest valid checkpoint when asked. Returns run, start step.
 local function open_run(cfg, plan, G, data, backend, say)
   local runs = require "kda.run"
@@ -202,6 +210,7 @@ local function open_run(cfg, plan, G, data, backend, say)
   config.data = getmetatable(cfg.data) and "(a data handle opened by the recipe)" or cfg.data
   config.resume, config.fresh = nil, nil
   local o = { keep = cfg.keep, domains = {}, config = config, backend = backend,
+              device = backend == "cuda" and ffi.string(C.kda_cuda_device_name()) or cpu_name(),
               script = kda and kda.args and kda.args.script }
   for _, dom in ipairs(data:domains()) do o.domains[#o.domains + 1] = dom.name end
   table.sort(o.domains)
