@@ -12,6 +12,7 @@
 #           ncu (per-kernel times) and compute-sanitizer (memcheck, racecheck)
 #   check   the CUDA op tests (incl. optimizer and decode ops), tests/runs.sh and tests/lua/runs.lua
 #           with the CUDA kda, kda sample on the GPU, per-op profiles of the S/M steps
+#   large   per-op profiles of the S/M steps, then the L (1.0B) config: kda and the PyTorch peer
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -97,6 +98,19 @@ if [ "$MODE" = check ]; then
   done
   head -c 9000 "$OUT/profile.log"
   timeout 60 "$KDA" --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=300 2>&1 | grep -E "^(check|kda)"
+fi
+
+if [ "$MODE" = large ]; then
+  stage "per-op GPU profile (KDA_CUDA_PROFILE=1)"
+  for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=M batch=64 seq=1024"; do
+    echo "## $args" >> "$OUT/profile.log"
+    KDA_CUDA_PROFILE=1 timeout 60 "$KDA" --trust benches/gpt_bench.lua $args steps=56 check=0 2>&1 | grep -E "^(#|  |kda:)" >> "$OUT/profile.log"
+  done
+  cat "$OUT/profile.log"
+  stage "L (1.0B): kda, then the PyTorch peer (torch.compile)"
+  timeout 200 "$KDA" --trust benches/gpt_bench.lua size=L batch=16 seq=2048 steps=56 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/large.log"
+  timeout 200 python3 benches/peers/gpt_peer.py --d 2048 --layers 20 --heads 16 --batch 16 --seq 2048 --steps 60 --mode compile 2>&1 \
+    | grep -E "^(config|time to first|warm median|tokens/s|MFU|peak)" | tee -a "$OUT/large.log"
 fi
 
 if [ "$MODE" = probe ]; then
