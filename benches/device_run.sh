@@ -13,6 +13,8 @@
 #   check   the CUDA op tests (incl. optimizer and decode ops), tests/runs.sh and tests/lua/runs.lua
 #           with the CUDA kda, kda sample on the GPU, per-op profiles of the S/M steps
 #   large   per-op profiles of the S/M steps, then the L (1.0B) config: kda and the PyTorch peer
+#   final   KDA kernels (build, full test, bench, memcheck), the L time to first step, GPT S 8x512
+#           beside the peer, the hybrid S step, racecheck last
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -111,6 +113,25 @@ if [ "$MODE" = large ]; then
   timeout 200 "$KDA" --trust benches/gpt_bench.lua size=L batch=16 seq=2048 steps=56 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/large.log"
   timeout 200 python3 benches/peers/gpt_peer.py --d 2048 --layers 20 --heads 16 --batch 16 --seq 2048 --steps 60 --mode compile 2>&1 \
     | grep -E "^(config|time to first|warm median|tokens/s|MFU|peak)" | tee -a "$OUT/large.log"
+fi
+
+if [ "$MODE" = final ]; then
+  stage "KDA kernels: build, full test, bench"
+  BUILD_ONLY=1 OUT=$OUT timeout 170 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "build rc=$?"
+  timeout 90 build/kda_gpu/test_kda_cuda > "$OUT/kda_test.log" 2>&1; echo "test rc=$?"
+  grep -E "^FAIL|passed, |^# [0-9.]+ s" "$OUT/kda_test.log" | head -20
+  timeout 90 build/kda_gpu/kda_bench > "$OUT/kda_bench.log" 2>&1; echo "bench rc=$?"; cat "$OUT/kda_bench.log"
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 10 build/kda_gpu/test_kda_cuda quick > "$OUT/kda_sanitizer.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, " "$OUT/kda_sanitizer.log" | head -4
+  stage "L time to first step; GPT S 8x512 beside the peer; hybrid S 64x512"
+  timeout 60 "$KDA" --trust benches/gpt_bench.lua size=L batch=16 seq=2048 first=1 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/steps.log"
+  timeout 40 "$KDA" --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=300 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/steps.log"
+  timeout 100 python3 benches/peers/gpt_peer.py --d 256 --layers 8 --heads 4 --batch 8 --seq 512 --steps 120 --mode reduce-overhead 2>&1 \
+    | grep -E "^(config|time to first|warm median|tokens/s|MFU|peak)" | tee -a "$OUT/steps.log"
+  timeout 60 "$KDA" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/steps.log"
+  stage "racecheck (quick test)"
+  timeout 150 compute-sanitizer --tool racecheck --print-limit 10 build/kda_gpu/test_kda_cuda quick >> "$OUT/kda_sanitizer.log" 2>&1
+  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed, |hazard" "$OUT/kda_sanitizer.log" | tail -5
 fi
 
 if [ "$MODE" = probe ]; then

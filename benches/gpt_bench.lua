@@ -4,7 +4,7 @@
 -- dense bf16 peak, time from process start to the first finished step (the tiny-model check
 -- before it excluded), peak memory, the last step's per-stage GPU times, and a CUDA-vs-CPU loss
 -- check on a tiny model.
---   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [arch=hybrid] [optimizer=muon]
+--   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [arch=hybrid] [optimizer=muon] [first=1]
 local kda = require "kda"
 local ffi = require "ffi"
 local C = kda.C
@@ -66,6 +66,11 @@ for step = 0, opt.steps - 1 do
     C.kda_cuda_synchronize()
     times[#times + 1] = kda.now() - t0
     if step == 0 then first_step = C.kda_since_start() - check_seconds end
+    if step == 0 and opt.first == 1 then   -- first=1: time to the first step only (the L config)
+      print(("kda %s %s %.2fM params batch %dx%d | first step %.2f s after start (step 0) | device %s")
+            :format(opt.arch, opt.size, G:param_count() / 1e6, B, T, first_step, ffi.string(C.kda_cuda_device_name())))
+      os.exit(0)
+    end
     if step == 50 then t_pipe = kda.now() end
   end
 end

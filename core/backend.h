@@ -42,9 +42,11 @@ typedef struct kda_backend {
    * that the next run reads; it may return before the copy is done, since the backend orders
    * the copy before that run (CUDA: pinned staging, a side stream, no host wait).
    * marks: where the backward and the optimizer begin in the list about to run (n, n for a
-   * forward-only list), for the backend's per-stage timers. */
+   * forward-only list), for the backend's per-stage timers. zero: optimizer state at
+   * initialisation, without a host buffer of zeros to copy (8 GB for a 1B model's m and v). */
   int (*write_input)(void *dst, const void *src, int64_t bytes);
   void (*marks)(int bwd_begin, int opt_begin);
+  int (*zero)(void *dst, int64_t bytes);   /* optional: fill with zero bytes on the backend */
 } kda_backend;
 
 const kda_backend *kda_cpu_backend(void);

@@ -259,6 +259,12 @@ static int cu_write_input(void *dst, const void *src, int64_t bytes) {
   return 0;
 }
 
+static int cu_zero(void *dst, int64_t bytes) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaMemsetAsync(dst, 0, (size_t)bytes, G.ctx.stream));
+  return 0;
+}
+
 static void cu_marks(int bwd_begin, int opt_begin) { G.mark_bwd = bwd_begin, G.mark_opt = opt_begin; }
 
 /* ---- one node ---------------------------------------------------------------------------- */
@@ -624,7 +630,7 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
 }
 
 static const kda_backend cuda_backend = {"cuda", cu_alloc, cu_free, cu_write, cu_read, cu_run,
-                                         cu_write_input, cu_marks};
+                                         cu_write_input, cu_marks, cu_zero};
 
 extern "C" const kda_backend *kda_cuda_backend(void) {
   return init_once() ? NULL : &cuda_backend;
