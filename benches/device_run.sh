@@ -134,6 +134,14 @@ if [ "$MODE" = final ]; then
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed, |hazard" "$OUT/kda_sanitizer.log" | tail -5
 fi
 
+if [ "$MODE" = racecheck ]; then   # the KDA kernels under racecheck on two small cases
+  BUILD_ONLY=1 OUT=$OUT timeout 170 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "build rc=$?"
+  for c in "T=65 B=2" "K=100 V=60"; do
+    timeout 55 compute-sanitizer --tool racecheck --print-limit 10 build/kda_gpu/test_kda_cuda quick "$c" > "$OUT/race.log" 2>&1
+    echo "racecheck '$c' rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed, |hazard|^ok|^FAIL" "$OUT/race.log" | cut -c1-100 | tail -4
+  done
+fi
+
 if [ "$MODE" = probe ]; then
   stage "per-op GPU profile (KDA_CUDA_PROFILE=1: segments run back to back, eager)"
   for args in "size=S batch=8 seq=512" "size=S batch=8 seq=512 arch=hybrid" "size=S batch=64 seq=512" \

@@ -27,7 +27,8 @@
  * test does not link (it pulls in the whole graph core). */
 extern "C" __attribute__((weak)) const char *kda_op_name(int op) { return op == KDA_OP_KDA ? "kda" : "kda op"; }
 
-static int quick;   /* main: argv[1] == "quick" */
+static int quick;            /* main: argv[1] == "quick" */
+static const char *only;     /* main: argv[2], run only the cases whose name holds it */
 static int npass, nfail;
 static uint64_t rng_s = 42;
 static double urand() {
@@ -173,6 +174,7 @@ static const float *ptr(const vf &x) { return x.empty() ? nullptr : x.data(); }
 
 /* forward + backward of one case on both backends */
 static void run_case(const char *name, const spec &s) {
+  if (only && !strstr(name, only)) return;
   prob p;
   make(p, s);
   kda_kda_args a = p.a;
@@ -476,10 +478,12 @@ static void all_cases() {
   run_decode("decode varlen 3,1,12 lower-bound", {1, 16, 1, 1, 64, 64, 64, 2, 2, 1, 1, 0, 0, -5, 1, 0, 0, {0, 3, 4, 16}});
 }
 
-/* `test_kda_cuda quick`: the tensor-core path only and no T = 2048 case — the run
- * compute-sanitizer (memcheck, racecheck) can afford; the full test is the default. */
+/* `test_kda_cuda quick [NAME]`: the tensor-core path only and no T = 2048 case — the run
+ * compute-sanitizer (memcheck, racecheck) can afford; with NAME, only the kernel cases whose
+ * name holds it (racecheck needs minutes per case). The full test is the default. */
 int main(int argc, char **argv) {
   quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+  only = quick && argc > 2 ? argv[2] : NULL;
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
     printf("# no CUDA device: GPU KDA tests skipped\n0 passed, 0 failed\n");
@@ -495,10 +499,10 @@ int main(int argc, char **argv) {
     else unsetenv("KDA_KDA_SIMPLE");
     printf("# --- %s ---\n", paths[path]);
     all_cases();
-    node_tests();
+    if (!only) node_tests();
   }
   unsetenv("KDA_KDA_SIMPLE");
-  run_errors();
+  if (!only) run_errors();
   printf("# %.1f s\n%d passed, %d failed\n", kda_now() - t0, npass, nfail);
   return nfail ? 1 : 0;
 }
