@@ -68,8 +68,8 @@ gpu-bins: build/gpu/test_cuda_ops build/gpu/cuda_ops_bench
 test-gpu: kda
 	sh benches/kda_gpu.sh && bash benches/cuda_gpu.sh
 
-bench: kda
-	bash benches/device_run.sh
+bench: kda gpu-bins
+	bash benches/bench.sh
 
 data:
 	bash vendor/data.sh full

@@ -15,6 +15,7 @@
 #   large   per-op profiles of the S/M steps, then the L (1.0B) config: kda and the PyTorch peer
 #   final   KDA kernels (build, full test, bench, memcheck), the L time to first step, GPT S 8x512
 #           beside the peer, the hybrid S step, racecheck last
+#   bench   benches/bench.sh (what `make bench` runs) with the bundle's binaries
 #   race    the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
 set -u
 cd "$(dirname "$0")/.."
@@ -113,6 +114,11 @@ if [ "$MODE" = large ]; then
   timeout 200 "$KDA" --trust benches/gpt_bench.lua size=L batch=16 seq=2048 steps=56 check=0 2>&1 | grep -E "^(kda|kda:)" | tee -a "$OUT/large.log"
   timeout 200 python3 benches/peers/gpt_peer.py --d 2048 --layers 20 --heads 16 --batch 16 --seq 2048 --steps 60 --mode compile 2>&1 \
     | grep -E "^(config|time to first|warm median|tokens/s|MFU|peak)" | tee -a "$OUT/large.log"
+fi
+
+if [ "$MODE" = bench ]; then
+  KDA=$KDA BIN=build/gpu OUT=$OUT SIZES="${SIZES:-S M L}" bash benches/bench.sh
+  cp benches/history.tsv "$OUT/history.tsv"
 fi
 
 if [ "$MODE" = final ]; then
