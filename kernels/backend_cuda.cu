@@ -298,7 +298,7 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
   case KDA_OP_SWIGLU_BWD: return kc_swiglu_bwd(n, c);
   case KDA_OP_SOFTMAX: return kc_softmax(n, c);
   case KDA_OP_SOFTMAX_BWD: return kc_softmax_bwd(n, c);
-  case KDA_OP_ROPE: return n->nin > 1 ? kc_rope_at(n, c) : kc_rope(n, c);   /* pos input: decode */
+  case KDA_OP_ROPE: return kc_rope(n, c);
   case KDA_OP_ATTENTION: return kc_attention(n, c);
   case KDA_OP_ATTENTION_BWD: return kc_attention_bwd(n, c);
   case KDA_OP_CROSS_ENTROPY: return kc_cross_entropy(n, c);

@@ -1,7 +1,8 @@
 /* decode.cu — the one-token decode ops of the CUDA backend (what `kda sample` runs per byte):
- * ROPE at a position, ATTN_DECODE (KV cache) and CONV1D_DECODE (conv cache). KDA_DECODE is in
- * kda_ops.cu (glue over kda_cuda.cu's recurrent kernel).
- * CPU twins: cpu_rope and cpu_attn_decode (core/cpu_ops.c), kda_convref_step (core/kda_ref.c);
+ * ATTN_DECODE (KV cache) and CONV1D_DECODE (conv cache). ROPE at a position is k_rope
+ * (elementwise.cu) with its pos input; KDA_DECODE is in kda_ops.cu (glue over kda_cuda.cu's
+ * recurrent kernel).
+ * CPU twins: cpu_attn_decode (core/cpu_ops.c), kda_convref_step (core/kda_ref.c);
  * same formulas, f32 arithmetic, caches f32, activations f32 or bf16 per view.
  *
  * The position is one int32 in device memory that the kernels read, and every grid depends on
@@ -10,37 +11,6 @@
  * not be reported without a host sync: the kernels write NaN to the output and leave the
  * caches alone, so the logits show it. Decode is one token: one block per head, simple loops. */
 #include "kernels.h"
-
-/* ---- ROPE at pos: row t of [B,T,H,Dh] sits at position pos + t ------------------------------
- * As k_rope (elementwise.cu): thread i owns pair (i, i + Dh/2) of every head of one row, the
- * angle in double as the CPU computes it. */
-__global__ void k_rope_at(const void *x, int xdt, void *y, int ydt, const int32_t *pos, int64_t T,
-                          int64_t H, int64_t D, double theta, float sign) {
-  int64_t row = blockIdx.x, half = D / 2, p0 = *pos;
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    double ang = (double)(p0 + row % T) * pow(theta, -2.0 * (double)i / (double)D), sd, cd;
-    sincos(ang, &sd, &cd);
-    float cs = p0 < 0 ? NAN : (float)cd, sn = sign * (float)sd;
-    for (int64_t h = 0; h < H; h++) {
-      int64_t base = (row * H + h) * D;
-      float x0 = kc_ld(x, xdt, base + i), x1 = kc_ld(x, xdt, base + i + half);
-      kc_st(y, ydt, base + i, x0 * cs - x1 * sn);
-      kc_st(y, ydt, base + i + half, x0 * sn + x1 * cs);
-    }
-  }
-}
-
-int kc_rope_at(const kda_exec_node *n, kc_ctx *c) {
-  const kda_tview *x = &n->in[0];
-  if (n->in[1].dtype != KDA_I32) return kda_set_error("cuda: rope node %d: pos must be int32", n->id);
-  int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], D = x->shape[3];
-  double theta = n->fattr[0] > 0 ? n->fattr[0] : 10000.0;
-  k_rope_at<<<(unsigned)(B * T), D / 2 >= 64 ? 64 : 32, 0, c->stream>>>(
-      x->data, x->dtype, n->out.data, n->out.dtype, (const int32_t *)n->in[1].data, T, H, D, theta,
-      n->iattr[0] ? -1.f : 1.f);
-  KC_LAUNCH_CHECK(n, "k_rope_at");
-  return 0;
-}
 
 /* ---- ATTN_DECODE ------------------------------------------------------------------------------
  * One block per head h. k, v go to row pos of the caches; then, over rows j = 0..pos,

@@ -134,18 +134,21 @@ int kc_softmax_bwd(const kda_exec_node *n, kc_ctx *c) {
   return 0;
 }
 
-/* ---- RoPE: pairs (i, i+Dh/2), angle t * theta^(-2i/Dh) ----------------------------------
+/* ---- RoPE: pairs (i, i+Dh/2), angle (pos + t) * theta^(-2i/Dh) --------------------------
  * One block per (b,t) row; thread i owns pair i of every head, so the angle (computed in
  * double, as the CPU does: t reaches thousands of radians, where a float angle is off by 1e-4)
- * is computed once per (t,i) and the loads stay coalesced across i. */
-__global__ void k_rope(const void *x, int xdt, void *y, int ydt, int64_t T, int64_t H,
-                       int64_t D, double theta, float sign) {
-  int64_t row = blockIdx.x, t = row % T, half = D / 2;
+ * is computed once per (t,i) and the loads stay coalesced across i. pos (decoding: an int32
+ * the host wrote before the launch, read here so a captured decode step replays at each new
+ * position) is 0 when absent; a negative one, which the CPU refuses, gives NaN (reporting it
+ * would need a host sync). */
+__global__ void k_rope(const void *x, int xdt, void *y, int ydt, const int32_t *pos, int64_t T,
+                       int64_t H, int64_t D, double theta, float sign) {
+  int64_t row = blockIdx.x, p0 = pos ? *pos : 0, half = D / 2;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    double ang = (double)t * pow(theta, -2.0 * (double)i / (double)D);
+    double ang = (double)(p0 + row % T) * pow(theta, -2.0 * (double)i / (double)D);
     double sd, cd;
     sincos(ang, &sd, &cd);
-    float cs = (float)cd, sn = sign * (float)sd;
+    float cs = p0 < 0 ? NAN : (float)cd, sn = sign * (float)sd;
     for (int64_t h = 0; h < H; h++) {
       int64_t base = (row * H + h) * D;
       float x0 = kc_ld(x, xdt, base + i), x1 = kc_ld(x, xdt, base + i + half);
@@ -157,11 +160,13 @@ __global__ void k_rope(const void *x, int xdt, void *y, int ydt, int64_t T, int6
 
 int kc_rope(const kda_exec_node *n, kc_ctx *c) {
   const kda_tview *x = &n->in[0];
+  if (n->nin > 1 && n->in[1].dtype != KDA_I32) return kda_set_error("cuda: rope node %d: pos must be int32", n->id);
+  const int32_t *pos = n->nin > 1 ? (const int32_t *)n->in[1].data : NULL;
   int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], D = x->shape[3];
   double theta = n->fattr[0] > 0 ? n->fattr[0] : 10000.0;
   int thr = D / 2 >= 64 ? 64 : 32;
   k_rope<<<(unsigned)(B * T), thr, 0, c->stream>>>(x->data, x->dtype, n->out.data, n->out.dtype,
-                                                   T, H, D, theta, n->iattr[0] ? -1.f : 1.f);
+                                                   pos, T, H, D, theta, n->iattr[0] ? -1.f : 1.f);
   KC_LAUNCH_CHECK(n, "k_rope");
   return 0;
 }

@@ -165,8 +165,7 @@ int kc_retract(const kda_exec_node *n, kc_ctx *c);
 
 int kc_attention(const kda_exec_node *n, kc_ctx *c);
 int kc_attention_bwd(const kda_exec_node *n, kc_ctx *c);
-/* decode.cu: the one-token decode ops (ROPE with a pos input, ATTN_DECODE, CONV1D_DECODE) */
-int kc_rope_at(const kda_exec_node *n, kc_ctx *c);
+/* decode.cu: the one-token decode ops ATTN_DECODE, CONV1D_DECODE (ROPE at a position: kc_rope) */
 int kc_attn_decode(const kda_exec_node *n, kc_ctx *c);
 int kc_conv1d_decode(const kda_exec_node *n, kc_ctx *c);
 int64_t kc_decode_scratch(const kda_exec_node *n);
