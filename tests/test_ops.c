@@ -467,7 +467,50 @@ static void plan_decode(void) {
 /* a parameter used twice: gradients must add up */
 static int32_t b_reuse(kda_graph *g, int32_t *p, int np) { (void)np; return op2(g, KDA_OP_MUL, op1(g, KDA_OP_SILU, p[0], NULL, NULL), p[0], NULL, NULL); }
 
+/* Parameter init runs on every core: its values must be the sequential generator's. The
+ * reference below is the one-thread loop (splitmix64 draws, Box-Muller pairs) written out. */
+static uint64_t ref_splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static void init_threads_equal_sequential(void) {
+  const int64_t n = 300001;   /* above the threading threshold, odd: the last pair is half used */
+  float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+  kda_fill_normal(got, n, 12345, 0.02f);
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < n; i += 2) {
+    double u1 = ((double)(ref_splitmix(&s) >> 11) + 0.5) * 0x1.0p-53, u2 = ((double)(ref_splitmix(&s) >> 11) + 0.5) * 0x1.0p-53;
+    double r = sqrt(-2.0 * log(u1));
+    want[i] = (float)(r * cos(2 * M_PI * u2)) * 0.02f;
+    if (i + 1 < n) want[i + 1] = (float)(r * sin(2 * M_PI * u2)) * 0.02f;
+  }
+  check(memcmp(got, want, n * sizeof(float)) == 0, "normal init on all cores == the sequential generator, bit for bit",
+        "values differ");
+  free(got), free(want);
+}
+
+/* The CPU profile counts the nodes it ran per op (kda_plan_op_calls). */
+static void plan_op_calls(void) {
+  kda_graph *g = kda_graph_new();
+  int64_t sh[2] = {3, 4};
+  int32_t x = kda_graph_input(g, "x", KDA_F32, 2, sh);
+  int32_t a = kda_graph_op(g, KDA_OP_SILU, 1, &x, NULL, NULL), b = kda_graph_op(g, KDA_OP_SILU, 1, &a, NULL, NULL);
+  int32_t ab[2] = {a, b}, c = kda_graph_op(g, KDA_OP_ADD, 2, ab, NULL, NULL);
+  kda_graph_keep(g, c);
+  kda_plan *p = kda_plan_build(g, KDA_BACKEND_CPU);
+  int ok = p && !kda_plan_set_profile(p, 1) && !kda_plan_run(p, KDA_RUN_STEP) && !kda_plan_run(p, KDA_RUN_STEP);
+  check(ok && kda_plan_op_calls(p, KDA_OP_SILU) == 4 && kda_plan_op_calls(p, KDA_OP_ADD) == 2 &&
+        kda_plan_op_calls(p, KDA_OP_MATMUL) == 0, "profiled plan counts nodes per op (2 runs: silu 4, add 2)",
+        ok ? "wrong counts" : kda_last_error());
+  kda_plan_free(p);
+  kda_graph_free(g);
+}
+
 int main(void) {
+  init_threads_equal_sequential();
+  plan_op_calls();
   fwd_matmul();
   fwd_rows();
   fwd_attention_rope();
