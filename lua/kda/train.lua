@@ -271,7 +271,7 @@ function M.run(cfg)
     return ev
   end
   local t0, tlog, steps_done, last_ckpt, bpb_txt = C.kda_now(), C.kda_now(), start, start, ""
-  local first_step_s   -- process start (kda_now counts from it) to the end of the first step
+  local first_step_s   -- seconds from process start to the end of the first step (kda_since_start)
   local sampling = backend == "cuda" and C.kda_cuda_util_start() == 0
   if backend == "cuda" then C.kda_cuda_reset_peak_mem() end
   local reported_skips = 0
