@@ -25,6 +25,7 @@ printf 'local a = 1\nerror("boom at line two")\n' > "$tmp/runtime.lua"
 printf 'local g = kda.Graph()\nlocal a = g:param("a", {3,4})\nlocal b = g:param("b", {5,6})\nlocal c = a:matmul(b)\n' > "$tmp/shape.lua"
 printf 'os.execute("true")\n' > "$tmp/exec.lua"
 printf 'print("args", ...)\nprint(kda.args.set[1][1], kda.args.set[1][2])\n' > "$tmp/args.lua"
+printf 'local r = kda.train { model = kda.nn.GPT { d = 16, layers = 1, heads = 2 }, data = { { path = "/usr/share/common-licenses", name = "l" } }, batch = 2, seq = 16, steps = 3, log_every = 3, eval_batches = 1 }\nprint("no-graph", kda.args.opts["no-graph"], r.steps)\n' > "$tmp/nograph.lua"
 
 check "--version"                0 '^kda [0-9]+\.[0-9]+'                     -- $KDA --version
 check "--help"                   0 'usage: kda'                               -- $KDA --help
@@ -39,6 +40,7 @@ check "--set needs key=value"    nonzero "--set wants key=value"              --
 check "sandbox refuses os.execute" nonzero "os.execute is not allowed in a recipe without --trust" -- $KDA "$tmp/exec.lua"
 check "--trust allows os.execute" 0 ''                                        -- $KDA --trust "$tmp/exec.lua"
 check "recipe sees args and --set" 0 'args	a	b'                           -- $KDA --set lr=3 "$tmp/args.lua" a b
+check "--no-graph: the run trains (eagerly on CUDA)" 0 'no-graph	true	3' -- $KDA --no-graph "$tmp/nograph.lua"
 check "REPL evaluates and exits at EOF" 0 'kda.Tensor f32 of size 2x2'        -- bash -c "printf 'x = kda.ones(2,2)\nx:matmul(x)\n' | HOME=$tmp $KDA"
 
 echo "$pass passed, $fail failed"
