@@ -11,6 +11,7 @@
 #ifndef KDA_BACKEND_H
 #define KDA_BACKEND_H
 #include "kda.h"
+#include "kda_ref.h"
 
 typedef struct kda_tview {
   void *data;          /* backend memory (host for CPU, device for CUDA) */
@@ -57,6 +58,9 @@ int kda_cpu_run_node(const kda_exec_node *n);
 /* KDA_OP_KDA, KDA_OP_KDA_BWD, KDA_OP_CONV1D, KDA_OP_CONV1D_BWD and their DECODE forms on the CPU (core/cpu_kda.c,
  * glue over the reference in core/kda_ref.c). */
 int kda_cpu_kda_node(const kda_exec_node *n);
+/* A KDA / KDA_BWD / KDA_DECODE node's shapes and attributes as the kernels' argument block
+ * (one mapping for both backends: core/cpu_kda.c). */
+kda_kda_args kda_kda_args_of(const kda_exec_node *n);
 
 static inline int64_t kda_tview_numel(const kda_tview *t) {
   int64_t n = 1;

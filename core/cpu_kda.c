@@ -12,7 +12,7 @@
 
 static float *F(const kda_tview *t) { return (float *)t->data; }
 
-static kda_kda_args kda_args_of(const kda_exec_node *n) {
+kda_kda_args kda_kda_args_of(const kda_exec_node *n) {
   const kda_tview *q = &n->in[0], *v = &n->in[2];
   kda_kda_args a = {0};
   a.B = q->shape[0], a.T = q->shape[1], a.H = q->shape[2], a.K = q->shape[3];
@@ -37,12 +37,12 @@ static kda_conv_args conv_args_of(const kda_exec_node *n) {
 int kda_cpu_kda_node(const kda_exec_node *n) {
   switch (n->op) {
   case KDA_OP_KDA: {
-    kda_kda_args a = kda_args_of(n);
+    kda_kda_args a = kda_kda_args_of(n);
     return kda_kdaref_forward(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), F(&n->in[3]),
                               F(&n->in[4]), F(&n->in[5]), F(&n->in[6]), NULL, F(&n->out), NULL);
   }
   case KDA_OP_KDA_BWD: {
-    kda_kda_args a = kda_args_of(n);
+    kda_kda_args a = kda_kda_args_of(n);
     int64_t nq = kda_tview_numel(&n->in[0]), nv = kda_tview_numel(&n->in[2]);
     int64_t ng = kda_tview_numel(&n->in[3]), nb = kda_tview_numel(&n->in[4]);
     float *dq = F(&n->out), *dk = dq + nq, *dv = dk + nq, *dg = dv + nv, *db = dg + ng;
@@ -61,7 +61,7 @@ int kda_cpu_kda_node(const kda_exec_node *n) {
     return kda_convref_backward(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), dx, dw);
   }
   case KDA_OP_KDA_DECODE: { /* one token; the state leaf in[7] is updated in place */
-    kda_kda_args a = kda_args_of(n);
+    kda_kda_args a = kda_kda_args_of(n);
     return kda_kdaref_step(&a, F(&n->in[0]), F(&n->in[1]), F(&n->in[2]), F(&n->in[3]), F(&n->in[4]),
                            F(&n->in[5]), F(&n->in[6]), F(&n->in[7]), F(&n->out));
   }

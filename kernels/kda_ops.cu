@@ -53,21 +53,6 @@ static int ko_cast(const kda_exec_node *n, kc_ctx *c, const void *src, int sdt, 
 }
 
 /* ---- KDA ---------------------------------------------------------------------------------- */
-static kda_kda_args ko_args(const kda_exec_node *n) {
-  const kda_tview *q = &n->in[0], *v = &n->in[2];
-  kda_kda_args a;
-  memset(&a, 0, sizeof a);
-  a.B = q->shape[0], a.T = q->shape[1], a.H = q->shape[2], a.K = q->shape[3];
-  a.HV = v->shape[2], a.V = v->shape[3];
-  a.gate_mode = (int32_t)n->iattr[0];
-  a.qk_l2norm = (int32_t)n->iattr[1];
-  a.beta_mode = (int32_t)n->iattr[2];
-  a.chunk = n->iattr[3] ? (int32_t)n->iattr[3] : 64;
-  a.scale = n->fattr[0];
-  a.lower_bound = n->fattr[1];
-  return a;
-}
-
 /* The scratch carve-up of one KDA node. base NULL: only count. */
 typedef struct ko_kda_ws {
   void *ws;             /* the kda_cuda workspace */
@@ -82,7 +67,7 @@ typedef struct ko_kda_ws {
 static int ko_is_act(const kda_exec_node *n, int i) { return i <= 4 || (i == 7 && n->op == KDA_OP_KDA_BWD); }
 
 static void ko_kda_layout(const kda_exec_node *n, char *base, ko_kda_ws *w) {
-  kda_kda_args a = ko_args(n);
+  kda_kda_args a = kda_kda_args_of(n);
   int bwd = n->op == KDA_OP_KDA_BWD;
   int64_t off = 0;
   auto take = [&](int64_t bytes) -> void * {
@@ -114,7 +99,7 @@ static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
   if (n->nin != (n->op == KDA_OP_KDA ? 7 : 8)) return KO_ERR(n, "KDA needs 7 inputs (KDA_BWD, KDA_DECODE 8)");
   if (n->op == KDA_OP_KDA_DECODE && n->in[7].dtype != KDA_F32)
     return KO_ERR(n, "KDA_DECODE's state must be f32 (it is updated in place)");
-  kda_kda_args a = ko_args(n);
+  kda_kda_args a = kda_kda_args_of(n);
   ko_kda_ws w;
   ko_kda_layout(n, NULL, &w);
   if (w.total > c->scratch_bytes || !c->scratch)
