@@ -21,7 +21,7 @@
  * Every exponent is of a difference G_i - G_j with i >= j (or of G itself), so <= 0 when g <= 0:
  * nothing overflows for any decay strength.
  *
- * Why one file of ~1,550 lines: both versions share the scratch layout, the chunk table and
+ * Why one file of ~1,800 lines: both versions share the scratch layout, the chunk table and
  * the device helpers, and the test runs every case on both; once version 2 reaches its targets
  * version 1 becomes the reference-only path and moves out (docs/kda.md, "Missing / next").      */
 #include <cuda_bf16.h>
