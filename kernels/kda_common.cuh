@@ -1,0 +1,147 @@
+/* kda_common.cuh — what the two versions of the CUDA KDA kernels share (internal to
+ * kernels/kda_cuda.cu, which holds version 1 and the host side, and kernels/kda_tc.cu, which
+ * holds version 2): the argument block kp, the scratch layout ws, the small device helpers,
+ * the gate chain of the backward, and the version-2 entry points kda_cuda.cu launches.       */
+#ifndef KDA_COMMON_CUH
+#define KDA_COMMON_CUH
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kda_cuda.h"
+
+extern "C" int kda_set_error(const char *fmt, ...);
+
+typedef __nv_bfloat16 bf16;
+#define NT 256                      /* threads of the chunk kernels */
+#define BV 32                       /* V columns per state-pass block */
+#define L2_EPS 1e-6f
+
+static __device__ __forceinline__ float ldb(const void *p, int64_t i) {
+  return __bfloat162float(((const bf16 *)p)[i]);
+}
+static __device__ __forceinline__ void stb(void *p, int64_t i, float x) {
+  ((bf16 *)p)[i] = __float2bfloat16(x);
+}
+static __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
+static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+/* sum of v over the block (blockDim a multiple of 32, <= 1024); red has 32 floats */
+static __device__ inline float block_sum(float v, float *red) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0;
+  for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
+  return s;
+}
+
+/* The shapes and flags every kernel needs, passed by value. */
+struct kp {
+  int64_t B, T, H, HV, K, V;
+  int C, gate_mode, beta_mode, l2, nseq;
+  float scale, lb;
+  const int32_t *cu;
+};
+
+/* scratch pointers (fp32 unless noted), indexed [(tt*HV + h) * dim] */
+struct ws {
+  int *ctab;        /* [NTu][4]: seq, first token, rows, - */
+  int *sfirst;      /* [N+1]: first chunk index of each sequence */
+  float *qn, *kn;   /* [.,K] normalised q, k (per value head) */
+  float *G;         /* [.,K] log-decay, then its chunk cumsum */
+  float *b;         /* [.]   beta after its mode */
+  float *Aqk, *M;   /* [.,C] rows of the chunk matrices */
+  float *W, *kg, *qg; /* [.,K] */
+  float *U;         /* [.,V] */
+  /* backward only */
+  float *vn, *dvn;  /* [.,V] */
+  float *dQ, *dKi, *dW, *dKb; /* [.,K] */
+  float *dA, *dL;   /* [.,C] */
+  float *db;        /* [.]   */
+  float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk */
+  float *dgn;       /* [NTu, HV, K] rowsum_V(S0 . dSe) per chunk (tensor-core path) */
+  float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
+  /* version 2 only: bf16 copies the state passes stage with cp.async, written by k_intra_tc
+   * into the W, qg, kg, Aqk buffers (which version 2 does not use in fp32): rows of r16(K)
+   * (zero-padded columns) for Wb, qgb (= s qg), kgb; rows of C for Ab */
+  bf16 *Wb, *qgb, *kgb, *Ab;
+};
+
+static inline int64_t n_seq(const kda_kda_args *a) { return a->cu_seqlens ? a->nseq : a->B; }
+/* upper bound on the number of chunks (each sequence adds at most one partial chunk) */
+static inline int64_t n_chunks_max(const kda_kda_args *a) {
+  int64_t C = a->chunk;
+  return a->cu_seqlens ? (a->T + C - 1) / C + a->nseq : a->B * ((a->T + C - 1) / C);
+}
+
+static __device__ inline void seq_span(const kp &p, int64_t n, int64_t *bos, int64_t *len) {
+  if (p.cu) *bos = p.cu[n], *len = p.cu[n + 1] - p.cu[n];
+  else *bos = n * p.T, *len = p.T;
+}
+
+/* Column d of a chunk's gate gradient, shared by both kernel versions: the reverse cumsum of
+ * dG (held in w.dW; dGn enters at the last row), then the gate chain of §2.1 from the
+ * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the
+ * column's ddt_bias share. */
+static __device__ inline float gate_chain_col(const kp &p, const ws &w, const void *g, const float *dt_bias,
+                                       int has_A_log, void *dg, int64_t t0, int64_t h, int n, int64_t d,
+                                       float dGn, float ea, float *dAl) {
+  int64_t K = p.K, HV = p.HV;
+  float acc = 0, ddt = 0, dtb = p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f;
+  /* rows in batches of 8: the batch's loads are issued before its dg stores (one latency per
+   * batch instead of one per row: the compiler cannot hoist a load above a possibly aliasing
+   * store); the arithmetic and its order are those of the row-by-row loop */
+  for (int r0 = n - 1; r0 >= 0; r0 -= 8) {
+    float dw[8], gx[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      int64_t ir = ((t0 + r0 - u) * HV + h) * K + d;
+      dw[u] = r0 - u >= 0 ? w.dW[ir] : 0.f;
+      gx[u] = r0 - u >= 0 && p.gate_mode ? ldb(g, ir) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      int r = r0 - u;
+      if (r < 0) break;
+      int64_t ir = ((t0 + r) * HV + h) * K + d;
+      acc += dw[u] + (r == n - 1 ? dGn : 0.f);
+      float dy = acc, dx;
+      if (p.gate_mode == 0) dx = dy;
+      else {
+        float x = gx[u] + dtb;
+        if (p.gate_mode == 1) dx = dy * -ea * sigm(x), *dAl += dy * -ea * softplus(x);
+        else {
+          float s = sigm(ea * x);
+          dx = dy * p.lb * s * (1 - s) * ea;
+          if (has_A_log) *dAl += dx * x;
+        }
+        ddt += dx;
+      }
+      stb(dg, ir, dx);
+    }
+  }
+  return ddt;
+}
+
+/* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */
+#define BVT 32                      /* V columns per version-2 state-pass block */
+size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_state_tc(int64_t C, int64_t K);
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_final_tc(int64_t C, int64_t K);
+__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w);
+__global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
+__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+                                                     const float *dht, float *dh0);
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w);
+__global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);
+__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
+                                                        const float *A_log, const float *dt_bias,
+                                                        void *dg, void *dbeta, ws w);
+#endif
