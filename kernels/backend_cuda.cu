@@ -384,43 +384,43 @@ static int stage_mark(int k, int capturing) {
   return 0;
 }
 
-static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+/* Node i, or with an ADAMW the ADAMW nodes right after it as one multi-tensor launch: the
+ * number of nodes run, or -1. */
+static int run_at(const kda_exec_node *nodes, int i, int n) {
+  if (nodes[i].op == KDA_OP_ADAMW) return kc_adamw_multi(&nodes[i], n - i, &G.ctx);
+  return run_node(&nodes[i], &G.ctx) ? -1 : 1;
+}
+
+static int run_nodes(const kda_exec_node *nodes, int n, int capturing) {
   int timed = G.mark_bwd < n, next_mark = 1;   /* forward-only lists (evaluation) are not timed */
   if (timed && stage_mark(0, capturing)) return -1;
-  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
-  if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) {
-    kc_gemm_set_shadows(NULL, 0, NULL, 0);
-    return -1;
-  }
-  for (int i = 0; i < n; i++) {
-    int used = 1;
+  if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) return -1;
+  for (int i = 0; i < n;) {
     for (; timed && next_mark < 3 && i >= (next_mark == 1 ? G.mark_bwd : G.mark_opt); next_mark++)
-      if (stage_mark(next_mark, capturing)) { kc_gemm_set_shadows(NULL, 0, NULL, 0); return -1; }
-    if (nodes[i].op == KDA_OP_ADAMW) {   /* and the ADAMW nodes right after it: one launch */
-      used = kc_adamw_multi(&nodes[i], n - i, &G.ctx);
-      if (used < 0) { kc_gemm_set_shadows(NULL, 0, NULL, 0); return -1; }
-    } else if (run_node(&nodes[i], &G.ctx)) {
-      kc_gemm_set_shadows(NULL, 0, NULL, 0);
-      return -1;
-    }
-    i += used - 1;
+      if (stage_mark(next_mark, capturing)) return -1;
+    int used = run_at(nodes, i, n);
+    if (used < 0) return -1;
+    i += used;
     if (G.sync_each && !capturing) {
       cudaError_t e = cudaStreamSynchronize(G.ctx.stream);
-      if (e != cudaSuccess) {
-        kc_gemm_set_shadows(NULL, 0, NULL, 0);
-        return kc_fail(&nodes[i], "kernel (KDA_CUDA_SYNC)", cudaGetErrorString(e), __FILE__,
-                       __LINE__);
-      }
+      if (e != cudaSuccess)
+        return kc_fail(&nodes[i - 1], "kernel (KDA_CUDA_SYNC)", cudaGetErrorString(e), __FILE__, __LINE__);
     }
   }
-  kc_gemm_set_shadows(NULL, 0, NULL, 0);
   if (timed) {
-    for (; next_mark < 3; next_mark++)
+    for (; next_mark < 4; next_mark++)
       if (stage_mark(next_mark, capturing)) return -1;
-    if (stage_mark(3, capturing)) return -1;
     G.stages_recorded = 1;
   }
   return 0;
+}
+
+/* The shadows of the list's f32 weights are what its GEMMs read, for this list only. */
+static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
+  int rc = run_nodes(nodes, n, capturing);
+  kc_gemm_set_shadows(NULL, 0, NULL, 0);
+  return rc;
 }
 
 /* ---- profile (KDA_CUDA_PROFILE=1) ---------------------------------------------------------
@@ -483,19 +483,9 @@ static int profile_init(void) {
   return 0;
 }
 
-/* The list in segments behind the hold kernel; returns 0 or -1 like run_list. */
-static int run_list_profiled(const kda_exec_node *nodes, int n) {
-  if (profile_init()) return -1;
-  /* a longer list restarts the table; its first run is the warm-up (cuBLASLt heuristics,
-   * allocations that may wait for the device) and runs unheld and untimed, as do shorter lists */
-  if (n > P.list_n) {
-    P.list_n = n, P.runs = 0;
-    memset(P.ms, 0, sizeof P.ms);
-    memset(P.nodes, 0, sizeof P.nodes);
-    return run_list(nodes, n, 0);
-  }
-  if (n < P.list_n) return run_list(nodes, n, 0);
-  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
+/* The list in segments behind the hold kernel (a hold left unreleased by an error ends by
+ * its own time limit); 0 or -1 like run_nodes. */
+static int profile_segments(const kda_exec_node *nodes, int n) {
   int i = -1, rc = 0;          /* i = -1: the shadow refresh */
   while (i < n && !rc) {
     *P.flag = 0;
@@ -509,8 +499,8 @@ static int run_list_profiled(const kda_exec_node *nodes, int n) {
         if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) rc = -1;
       } else {
         op[k] = nodes[i].op;
-        if (nodes[i].op == KDA_OP_ADAMW) { used = kc_adamw_multi(&nodes[i], n - i, &G.ctx); if (used < 0) rc = -1; }
-        else if (run_node(&nodes[i], &G.ctx)) rc = -1;
+        used = run_at(nodes, i, n);
+        if (used < 0) rc = -1;
       }
       if (rc) break;
       CK(cudaEventRecord(P.ev[k + 1], G.ctx.stream));
@@ -525,6 +515,23 @@ static int run_list_profiled(const kda_exec_node *nodes, int n) {
       P.nodes[op[j]]++;
     }
   }
+  return rc;
+}
+
+/* Profiled runs of the longest list; the others run as usual. */
+static int run_list_profiled(const kda_exec_node *nodes, int n) {
+  if (profile_init()) return -1;
+  /* a longer list restarts the table; its first run is the warm-up (cuBLASLt heuristics,
+   * allocations that may wait for the device) and runs unheld and untimed, as do shorter lists */
+  if (n > P.list_n) {
+    P.list_n = n, P.runs = 0;
+    memset(P.ms, 0, sizeof P.ms);
+    memset(P.nodes, 0, sizeof P.nodes);
+    return run_list(nodes, n, 0);
+  }
+  if (n < P.list_n) return run_list(nodes, n, 0);
+  kc_gemm_set_shadows(G.act, G.nact, nodes, n);
+  int rc = profile_segments(nodes, n);
   kc_gemm_set_shadows(NULL, 0, NULL, 0);
   if (!rc) P.runs++;
   return rc;
