@@ -286,6 +286,34 @@ static kda_tview tv(void *data, int dt, int nd, int64_t a, int64_t b, int64_t c,
 }
 static vf slice(const vf &x, int64_t off, int64_t n) { return vf(x.begin() + off, x.begin() + off + n); }
 
+/* The forward and backward nodes on the GPU; false, with a FAIL line, if either errs (an
+ * asynchronous fault ends the test: the context is gone). */
+static bool gpu_pair(const char *name, kda_exec_node *gn, kda_exec_node *gb) {
+  int rc = kc_kda_node(gn, &g_ctx);
+  if (!rc) rc = kc_kda_node(gb, &g_ctx);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (!rc && !e) return true;
+  printf("FAIL - %s: %s%s\n", name, rc ? kda_last_error() : "", e ? cudaGetErrorString(e) : "");
+  nfail++;
+  if (e) exit(2);
+  return false;
+}
+
+/* Determinism: the backward node run twice more, its output poisoned before each run, must
+ * give the bytes of the first run. */
+static void rerun_identical(const char *name, const char *what, kda_exec_node *gb, void *out, size_t bytes) {
+  std::vector<char> b1(bytes), b2(bytes);
+  CK(cudaMemcpy(b1.data(), out, bytes, cudaMemcpyDeviceToHost));
+  for (int rep = 0; rep < 2; rep++) {
+    CK(cudaMemset(out, 0x7f, bytes));
+    if (kc_kda_node(gb, &g_ctx)) break;
+  }
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(b2.data(), out, bytes, cudaMemcpyDeviceToHost));
+  if (!memcmp(b1.data(), b2.data(), bytes)) printf("ok - %s: %s\n", name, what), npass++;
+  else printf("FAIL - %s: differs between runs (a non-deterministic reduction)\n", name), nfail++;
+}
+
 /* KDA + KDA_BWD nodes: activations stored as adt, the packed gradient as gdt */
 static void run_node_kda(const char *name, const spec &s, int adt, int gdt) {
   prob p;
@@ -325,14 +353,7 @@ static void run_node_kda(const char *name, const spec &s, int adt, int gdt) {
   gn.in = gin, gb.in = gin;
   gn.out.data = go, gn.out.dtype = adt, gb.out.data = gp, gb.out.dtype = gdt;
   ctx_scratch(kc_kda_scratch(&gn)), ctx_scratch(kc_kda_scratch(&gb));
-  int rc = kc_kda_node(&gn, &g_ctx);
-  if (!rc) rc = kc_kda_node(&gb, &g_ctx);
-  cudaError_t e = cudaDeviceSynchronize();
-  if (rc || e) {
-    printf("FAIL - %s: %s%s\n", name, rc ? kda_last_error() : "", e ? cudaGetErrorString(e) : "");
-    nfail++;
-    if (e) exit(2);
-  } else {
+  if (gpu_pair(name, &gn, &gb)) {
     vf o2 = host_store(go, adt, p.nv), pk2 = host_store(gp, gdt, ntot);
     int64_t off[8] = {0, p.nq, 2 * p.nq, 2 * p.nq + p.nv, 2 * p.nq + p.nv + p.ng, ngrad, ngrad + HV, ntot};
     vf r[7], x[7];
@@ -341,18 +362,7 @@ static void run_node_kda(const char *name, const spec &s, int adt, int gdt) {
                             {"dv", &r[2], &x[2], 0.008, 0}, {"dg", &r[3], &x[3], 0.02, 0}, {"dbeta", &r[4], &x[4], 0.02, 0}};
     if (s.gate_mode) it.push_back({"dA_log", &r[5], &x[5], 0.003, 1}), it.push_back({"ddt_bias", &r[6], &x[6], 0.008, 0});
     verdict(name, it);
-    /* determinism: the backward again must give the same bytes */
-    size_t bytes = (size_t)ntot * (gdt == KDA_BF16 ? 2 : 4);
-    std::vector<char> b1(bytes), b2(bytes);
-    CK(cudaMemcpy(b1.data(), gp, bytes, cudaMemcpyDeviceToHost));
-    for (int rep = 0; rep < 2; rep++) {
-      CK(cudaMemset(gp, 0x7f, bytes));
-      if (kc_kda_node(&gb, &g_ctx)) break;
-    }
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(b2.data(), gp, bytes, cudaMemcpyDeviceToHost));
-    if (!memcmp(b1.data(), b2.data(), bytes)) printf("ok - %s: backward bit-identical on re-run\n", name), npass++;
-    else printf("FAIL - %s: backward differs between runs (non-deterministic reduction)\n", name), nfail++;
+    rerun_identical(name, "backward bit-identical on re-run", &gb, gp, (size_t)ntot * (gdt == KDA_BF16 ? 2 : 4));
   }
   for (int i = 0; i < 8; i++) cudaFree(dd[i]);
   cudaFree(go), cudaFree(gp);
@@ -383,27 +393,12 @@ static void run_node_conv(const char *name, int64_t B, int64_t T, int64_t C, int
   kda_exec_node gn = cn, gb = cb;
   gn.in = gin, gb.in = gin, gn.out.data = go, gn.out.dtype = adt, gb.out.data = gp, gb.out.dtype = gdt;
   ctx_scratch(kc_kda_scratch(&gb) + 256);
-  int rc = kc_kda_node(&gn, &g_ctx);
-  if (!rc) rc = kc_kda_node(&gb, &g_ctx);
-  cudaError_t e = cudaDeviceSynchronize();
-  if (rc || e) {
-    printf("FAIL - %s: %s%s\n", name, rc ? kda_last_error() : "", e ? cudaGetErrorString(e) : "");
-    nfail++;
-    if (e) exit(2);
-  } else {
+  if (gpu_pair(name, &gn, &gb)) {
     double tol = adt == KDA_BF16 || gdt == KDA_BF16 ? 0.01 : 1e-5;
     vf y2 = host_store(go, adt, ny), pk2 = host_store(gp, gdt, np);
     vf rdx = slice(pk, 0, ny), xdx = slice(pk2, 0, ny), rdw = slice(pk, ny, C * W), xdw = slice(pk2, ny, C * W);
     verdict(name, {{"y", &y, &y2, adt == KDA_BF16 ? 0.01 : 1e-5, 0}, {"dx", &rdx, &xdx, tol, 0}, {"dw", &rdw, &xdw, tol, 0}});
-    size_t bytes = (size_t)np * (gdt == KDA_BF16 ? 2 : 4);
-    std::vector<char> b1(bytes), b2(bytes);
-    CK(cudaMemcpy(b1.data(), gp, bytes, cudaMemcpyDeviceToHost));
-    CK(cudaMemset(gp, 0, bytes));
-    kc_kda_node(&gb, &g_ctx);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(b2.data(), gp, bytes, cudaMemcpyDeviceToHost));
-    if (!memcmp(b1.data(), b2.data(), bytes)) printf("ok - %s: bit-identical on re-run\n", name), npass++;
-    else printf("FAIL - %s: differs between runs\n", name), nfail++;
+    rerun_identical(name, "bit-identical on re-run", &gb, gp, (size_t)np * (gdt == KDA_BF16 ? 2 : 4));
   }
   cudaFree(dx_), cudaFree(dw_), cudaFree(ddy), cudaFree(go), cudaFree(gp);
 }
