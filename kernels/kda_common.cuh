@@ -68,7 +68,9 @@ struct ws {
   float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
   /* version 2 only: bf16 copies the state passes stage with cp.async, written by k_intra_tc
    * into the W, qg, kg, Aqk buffers (which version 2 does not use in fp32): rows of r16(K)
-   * (zero-padded columns) for Wb, qgb (= s qg), kgb; rows of C for Ab */
+   * (zero-padded columns) for Wb, qgb (= s qg), kgb; rows of C for Ab. The precise backward
+   * (k_intra_tc_p) writes the same tiles in fp32 instead, through W, qg (= s qg), kg, Aqk:
+   * rows of r16(K) floats (not K as version 1), so those buffers hold [., r16(K)] floats */
   bf16 *Wb, *qgb, *kgb, *Ab;
 };
 
@@ -129,19 +131,31 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
 }
 
 /* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */
+/* Each backward kernel has a precise twin (suffix _p, prec = 1 in the smem sizes): every
+ * product that feeds dg runs in split tf32 (fp32-level) from fp32 tiles, so that dA_log and
+ * ddt_bias, cancelling sums of dg, keep the reference's accuracy (kda_tc.cu, "precise
+ * backward"); the host picks it when those gradients are asked for (kda_cuda.cu). */
 #define BVT 32                      /* V columns per version-2 state-pass block */
 size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
-size_t smem_state_tc(int64_t C, int64_t K);
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
-size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_state_tc(int64_t C, int64_t K, int prec);
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec);
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec);
 size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w);
+__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0);
+__global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
+                                                       const float *dht, float *dh0);
 __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w);
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws w);
 __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);
+__global__ void __launch_bounds__(NT) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, ws w);
+__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
+                                                          const float *A_log, const float *dt_bias,
+                                                          void *dg, void *dbeta, ws w);
 #endif

@@ -40,7 +40,9 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w)
   w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4);
   w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4);
   w->Aqk = (float *)take(TH * C * 4), w->M = (float *)take(TH * C * 4);
-  int64_t KB = TH * K * 4 > TH * ((K + 15) / 16 * 16) * 2 ? TH * K * 4 : TH * ((K + 15) / 16 * 16) * 2;
+  /* W, kg, qg: fp32 rows of K (version 1), bf16 rows of r16(K) (version 2) or fp32 rows of
+   * r16(K) (version 2's precise backward): the last is the largest */
+  int64_t KB = TH * ((K + 15) / 16 * 16) * 4;
   w->W = (float *)take(KB), w->kg = (float *)take(KB);
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
@@ -636,10 +638,25 @@ int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
   return ws_layout(a, backward, nullptr, &w);
 }
 
+/* Version 2's precise backward (the _p kernels of kda_tc.cu). dA_log and ddt_bias are sums of
+ * dg over tokens (and key dims) whose terms cancel, so their relative error is dg's times a
+ * cancellation ratio that depends on the data (1 to ~60 on H = 1 draws of the lower-bound gate);
+ * with dg built from bf16/tf32 products (~3e-3) dA_log missed its 3e-3 tolerance by up to 20x.
+ * The precise twins run every product that feeds dg in split tf32 (fp32-level error). Picked
+ * when a gate with parameters (gate_mode 1, 2) asks for dA_log or ddt_bias; the pre-gated
+ * backward (dg only, tolerance 0.02) keeps the bf16/tf32 kernels. KDA_KDA_PRECISE=1 / =0
+ * forces it on / off (read per call: to measure its cost, or to test it on any case). */
+static int use_precise(const kda_kda_args *a, const float *dA_log, const float *ddt_bias) {
+  const char *e = getenv("KDA_KDA_PRECISE");
+  if (e && *e) return strcmp(e, "0") != 0;
+  return a->gate_mode != 0 && (dA_log || ddt_bias);
+}
+
 /* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit
  * in the device's shared memory (e.g. K = 256 at chunk 64, or V = 256 with K = 128 in the
- * backward): then version 1 runs the whole call. Read per call, so a test can flip it. */
-static int use_tc(const kda_kda_args *a, int backward) {
+ * backward): then version 1 runs the whole call. Read per call, so a test can flip it.
+ * prec: the backward's precise kernels (their tiles are sized apart). */
+static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
   int dev, lim;
@@ -649,10 +666,10 @@ static int use_tc(const kda_kda_args *a, int backward) {
     return 0;
   }
   size_t need = smem_intra_tc(a->chunk, a->K, a->V);
-  size_t st = smem_state_tc(a->chunk, a->K);
+  size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;
   if (backward) {
-    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V), smem_mat_tc(a->chunk, a->K, a->V),
+    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V, prec), smem_mat_tc(a->chunk, a->K, a->V, prec),
                    smem_final_tc(a->chunk, a->K)};
     for (size_t y : x) if (y > need) need = y;
   }
@@ -662,7 +679,7 @@ static int use_tc(const kda_kda_args *a, int backward) {
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute) */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
-                 const ws &w, cudaStream_t st, const char *op, int tc) {
+                 const ws &w, cudaStream_t st, const char *op, int tc, int prec) {
   int64_t NTu = n_chunks_max(a);
   k_chunks<<<1, 32, 0, st>>>(p, NTu, w.ctab, w.sfirst);
   LAUNCH_OK("k_chunks", "kda cuda");
@@ -670,8 +687,9 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
     size_t sm = smem_intra_tc(a->chunk, a->K, a->V);
-    if (smem_opt_in((const void *)k_intra_tc, sm, a, op, "k_intra_tc")) return -1;
-    k_intra_tc<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w);
+    auto kern = prec ? k_intra_tc_p : k_intra_tc;
+    if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -708,10 +726,10 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (check_ws(a, 0, workspace, workspace_bytes, &w, op)) return -1;
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
-  int tc = use_tc(a, 0);
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc)) return -1;
+  int tc = use_tc(a, 0, 0);
+  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
   if (tc) {
-    size_t sm = smem_state_tc(a->chunk, a->K);
+    size_t sm = smem_state_tc(a->chunk, a->K, 0);
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
     dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
     k_state_fwd_tc<<<grid, NT, sm, st>>>(p, w, h0, o, ht);
@@ -742,26 +760,31 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
   int64_t NTu = n_chunks_max(a);
-  int tc = use_tc(a, 1);
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc)) return -1;
+  int prec = use_precise(a, dA_log, ddt_bias);
+  int tc = use_tc(a, 1, prec);
+  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
-  if (tc) {
-    size_t sm = smem_state_tc(a->chunk, a->K);
-    if (smem_opt_in((const void *)k_state_bwd_tc, sm, a, op, "k_state_bwd_tc")) return -1;
+  if (tc) {                                        /* prec: the precise twins (suffix _p) */
+    size_t sm = smem_state_tc(a->chunk, a->K, prec);
+    auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
+    if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
     dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
-    k_state_bwd_tc<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
+    kst<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-    sm = smem_rows_tc(a->chunk, a->K, a->V);
-    if (smem_opt_in((const void *)k_bwd_rows_tc, sm, a, op, "k_bwd_rows_tc")) return -1;
-    k_bwd_rows_tc<<<gc, NT, sm, st>>>(p, dout, w);
+    sm = smem_rows_tc(a->chunk, a->K, a->V, prec);
+    auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
+    if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
+    krw<<<gc, NT, sm, st>>>(p, dout, w);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
-    sm = smem_mat_tc(a->chunk, a->K, a->V);
-    if (smem_opt_in((const void *)k_bwd_mat_tc, sm, a, op, "k_bwd_mat_tc")) return -1;
-    k_bwd_mat_tc<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
+    sm = smem_mat_tc(a->chunk, a->K, a->V, prec);
+    auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
+    if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
+    kmt<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
-    if (smem_opt_in((const void *)k_bwd_final_tc, sm, a, op, "k_bwd_final_tc")) return -1;
-    k_bwd_final_tc<<<gc, NT, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    auto kfn = prec ? k_bwd_final_tc_p : k_bwd_final_tc;
+    if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
+    kfn<<<gc, NT, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

@@ -1,6 +1,7 @@
 /* kda_tc.cu — version 2 of the CUDA KDA chunked kernels: tensor-core MMAs (mma.sync) for every
  * GEMM-shaped step. Launched by kernels/kda_cuda.cu (the host side, the shared pipeline and
  * version 1); the scratch layout and helpers are in kernels/kda_common.cuh.                  */
+#include <type_traits>
 #include "kda_common.cuh"
 
 /* ==== version 2: tensor cores (mma.sync) ====================================================
@@ -31,7 +32,24 @@
  * exp over all C^2/2 pairs x K drops to the diagonal blocks (~4x fewer exp) plus MMAs; the
  * backward's k_bwd_rows / k_bwd_mat / k_bwd_final (scalar, global loads in inner loops, one
  * thread per column for all C^2 pairs) become MMAs: overall fwd+bwd (8,2048,16,128) from
- * 109 ms to ~5-10 ms; the §8 target (1.9 ms) needs bf16 scratch and fused kernels (next). */
+ * 109 ms to ~5-10 ms; the §8 target (1.9 ms) needs bf16 scratch and fused kernels (next).
+ *
+ * ---- precise backward (the _p twins: k_intra_tc_p, k_state_bwd_tc_p, k_bwd_rows_tc_p,
+ * k_bwd_mat_tc_p, k_bwd_final_tc_p; the host picks them when dA_log / ddt_bias are asked for
+ * with a gate that has parameters, see use_precise in kda_cuda.cu) ----
+ * dA_log (one scalar per head) and ddt_bias are sums over tokens (and key dims) of mixed-sign
+ * per-element gate gradients dg, so their relative error is dg's times a cancellation ratio
+ * that depends on the data. The products above leave ~3e-3 relative error in dg (bf16 operands
+ * ~1.6e-3 each, tf32 ~2e-4); with H = 1 draws of the lower-bound gate the ratio reached ~20-60
+ * and dA_log missed its 3e-3 tolerance by up to 20x (version 1, fp32: 5e-7). Every product
+ * feeds dg: the recompute (Aqk, L, W, U), the state pass (S, Vn, dS, dVn), dQ/dKi/dW, dA, the
+ * dM -> dL chain, the intra off-diagonal blocks; a numpy model of this pipeline (matching the
+ * H200's 6.6e-2 and 4.5e-3 on the two failing draws) showed that moving only the bf16 products
+ * to tf32, or all but one group to fp32, still fails the tail (up to 1e-2 over 60 draws). So
+ * the twins run all of them as P_3TF32 (split tf32, fp32-level: ~2e-7 on dg, dA_log <= 5e-6
+ * over 60 draws in the model) from fp32 tiles: W, s qg, kg, Aqk in fp32 (written by
+ * k_intra_tc_p), S0, dS, Vn, dVn staged in fp32. The forward and the pre-gated backward keep
+ * the kernels above. */
 
 static __device__ __forceinline__ uint32_t pk_bf2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);      /* .x (low half) = lo */
@@ -42,7 +60,27 @@ static __device__ __forceinline__ uint32_t to_tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
 }
-enum { P_BF16 = 0, P_TF32 = 1 };
+/* Precisions of mma_blk: P_BF16 (bf16 operands, 8-bit significands), P_TF32 (11 bits),
+ * P_3TF32 (split tf32, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x - hi); the product
+ * is hi*hi + hi*lo + lo*hi, operand error ~2^-21 relative: fp32-level, three MMAs per k8 step),
+ * P_3TF32A (the same when A is exact in tf32, e.g. bf16 values: the lo(A) term is zero and
+ * skipped, two MMAs per k8 step). The precise backward (see "precise backward" below) runs
+ * every product that feeds the gate gradient in P_3TF32(A). */
+enum { P_BF16 = 0, P_TF32 = 1, P_3TF32 = 2, P_3TF32A = 3 };
+/* hi, lo tf32 halves of x. The mask: lo = x - hi needs hi's exact tf32 value, and the PTX ISA
+ * does not promise zero low bits in the cvt's .b32 result; lo needs none (whatever its low
+ * bits do in the MMA is below 2^-11 |lo| <= 2^-22 |x|) */
+static __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo) {
+  hi = to_tf32(x) & 0xffffe000u;
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+static __device__ __forceinline__ void mma_tf32(float &c0, float &c1, float &c2, float &c3, const uint32_t *a,
+                                                const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
 /* C[i][j] = sum_{k < Kd} A(i,k) B(k,j) for i < M, j < N, handed to E(i, j, c) once each.
  * M % 16 == 0, N % 8 == 0, Kd % 16 == 0; the accessors return fp32 and must return 0 past the
@@ -51,9 +89,16 @@ enum { P_BF16 = 0, P_TF32 = 1 };
  * epilogue may read-modify-write what an earlier such call wrote without a barrier.
  * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16) and mma.m16n8k8 (.tf32), g = lane/4,
  * t = lane%4. Operands come from shared memory by scalar loads (no ldmatrix: the tiles have
- * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.         */
+ * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.
+ * P_3TF32, P_3TF32A run in mma_blk4_3x (same tiles and ownership).                       */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4);
 template <int P, class FA, class FB, class FE>
 static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4) {
+  if constexpr (P == P_3TF32 || P == P_3TF32A) {
+    mma_blk4_3x<P>(M, N, Kd, A, B, E4);
+    return;
+  }
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 3, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
@@ -85,6 +130,34 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
         }
       }
+    }
+    E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
+  }
+}
+/* mma_blk4 for P_3TF32 / P_3TF32A: the same tiles, thread ownership and epilogue calls; per k8
+ * step three MMAs (lo(A) hi(B), hi(A) lo(B), hi(A) hi(B): small terms first), two for P_3TF32A */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 3, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+    for (int k0 = 0; k0 < Kd; k0 += 8) {
+      int ka = k0 + t;
+      float xa[4] = {A(i0 + g, ka), A(i0 + g + 8, ka), A(i0 + g, ka + 4), A(i0 + g + 8, ka + 4)};
+      float xb[2] = {B(ka, j0 + g), B(ka + 4, j0 + g)};
+      uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        if (P == P_3TF32) split_tf32(xa[u], ah[u], al[u]);
+        else ah[u] = to_tf32(xa[u]) & 0xffffe000u;   /* exact: lo(A) = 0 */
+      }
+      split_tf32(xb[0], bh[0], bl[0]);
+      split_tf32(xb[1], bh[1], bl[1]);
+      if (P == P_3TF32) mma_tf32(c0, c1, c2, c3, al, bh);
+      mma_tf32(c0, c1, c2, c3, ah, bl);
+      mma_tf32(c0, c1, c2, c3, ah, bh);
     }
     E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
   }
@@ -175,7 +248,12 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V) {
   return (size_t)(reg + 2 * C * KS + 3 * C * CS + C) * 4;
 }
 
-__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
+/* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
+ * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
+ * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
+template <bool PR>
+static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -234,14 +312,14 @@ __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
       Y[ii * KS + d] = qs[i * KS + d] * s, Y[(16 + ii) * KS + d] = ks[i * KS + d] * s;
     }
     __syncthreads();
-    mma_blk<P_TF32>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
-                    [&](int d, int j) { return X[j * KS + d]; },
-                    [&](int ii, int j, float c) {
-                      int i = r + (ii & 15);
-                      if (i >= n) return;
-                      if (ii < 16) As[i * CS + j] = p.scale * c;
-                      else Ls[i * CS + j] = bs[i] * c;
-                    });
+    mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
+                [&](int d, int j) { return X[j * KS + d]; },
+                [&](int ii, int j, float c) {
+                  int i = r + (ii & 15);
+                  if (i >= n) return;
+                  if (ii < 16) As[i * CS + j] = p.scale * c;
+                  else Ls[i * CS + j] = bs[i] * c;
+                });
   }
   __syncthreads();
   for (int i = 0; i < n; i++) {                    /* M = (I + L)^-1, forward substitution (fp32) */
@@ -255,18 +333,25 @@ __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
   /* Aqk (bf16, for the state passes) and M (fp32, for k_bwd_mat_tc). The state passes used to
    * stage fp32 W, qg, kg, Aqk and round them to bf16 on every chunk step; they are written
    * here in bf16 instead (same rounding of the same fp32 values: bit-identical operands), half
-   * the bytes and ready for 16-byte cp.async (rows of K16 with zero pad columns for W, qg, kg) */
+   * the bytes and ready for 16-byte cp.async (rows of K16 with zero pad columns for W, qg, kg).
+   * PR: the same tiles in fp32 (rows of K16, and of C for Aqk) */
   for (int e = tid; e < n * C; e += NT) {
     int i = e / C, j = e % C;
-    w.Ab[ROWI(i) * C + j] = __float2bfloat16(As[i * CS + j]);   /* zero above the diagonal and past n */
+    if (PR) w.Aqk[ROWI(i) * C + j] = As[i * CS + j];
+    else w.Ab[ROWI(i) * C + j] = __float2bfloat16(As[i * CS + j]);   /* zero above the diagonal and past n */
     w.M[ROWI(i) * C + j] = Ms[i * CS + j];
   }
-  for (int e = tid; e < n * K16; e += NT) {        /* kg, s qg (bf16, pad columns zero) */
+  for (int e = tid; e < n * K16; e += NT) {        /* kg, s qg (bf16 or PR fp32, pad columns zero) */
     int r = e / K16, d = e % K16;
     float G = Gs[r * KS + d], Gn = Gs[(n - 1) * KS + d];
     float kg = ks[r * KS + d] * __expf(Gn - G), qg = qs[r * KS + d] * __expf(G);
-    w.kgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? kg : 0.f);
-    w.qgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? p.scale * qg : 0.f);
+    if (PR) {
+      w.kg[ROWI(r) * K16 + d] = d < K ? kg : 0.f;
+      w.qg[ROWI(r) * K16 + d] = d < K ? p.scale * qg : 0.f;
+    } else {
+      w.kgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? kg : 0.f);
+      w.qgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? p.scale * qg : 0.f);
+    }
   }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   for (int e = tid; e < C * K16; e += NT) {        /* ks <- Kb = b k e^G */
@@ -281,32 +366,43 @@ __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) {
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
-  mma_blk<P_TF32>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-                  [&](int j, int d) { return ks[j * KS + d]; },
-                  [&](int i, int d, float c) { if (i < n) w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f); });
-  mma_blk<P_TF32>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-                  [&](int j, int c) { return Vb[j * VS + c]; },
-                  [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
+  mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+              [&](int j, int d) { return ks[j * KS + d]; },
+              [&](int i, int d, float c) {
+                if (i >= n) return;
+                if (PR) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f;
+                else w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f);
+              });
+  mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+              [&](int j, int c) { return Vb[j * VS + c]; },
+              [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
 #undef ROWI
 }
+__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) { intra_tc<false>(p, v, w); }
+__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w) { intra_tc<true>(p, v, w); }
 
-/* ---- v2 state passes: per (sequence, head, 32 V columns), staged bf16 tiles + MMAs -------- */
-/* smem: bf16 W, s qg, kg [C][KB], Aqk [C][CB]; fp32 S [K16][SB], Vn/U [C][SB]; bf16 dO [C][DB];
- * fp32 dVn [C][SB], en [K16]. Every region starts on a 16-byte boundary (cp.async targets). */
-size_t smem_state_tc(int64_t C, int64_t K) {
-  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4, DB = BVT + 8;
-  return (size_t)(3 * C * KB + C * CB + C * DB) * 2 + (size_t)(r16(K) * SB + 2 * C * SB + r16(K)) * 4;
+/* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
+/* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
+ * k_intra_tc_p wrote them in fp32); fp32 S [K16][SB], Vn/U [C][SB]; bf16 dO [C][DB]; fp32
+ * dVn [C][SB], en [K16]. Rows of T tiles are padded by 16 bytes; every region starts on a
+ * 16-byte boundary (cp.async targets). */
+size_t smem_state_tc(int64_t C, int64_t K, int prec) {
+  int64_t es = prec ? 4 : 2, KB = r16(K) + 16 / es, CB = C + 16 / es, SB = BVT + 4, DB = BVT + 8;
+  return (size_t)((3 * C * KB + C * CB) * es + C * DB * 2) + (size_t)(r16(K) * SB + 2 * C * SB + r16(K)) * 4;
 }
 
-struct st_tiles {
-  sbf *W, *qg, *kg, *A, *dO;
+static __device__ __forceinline__ float f(float x) { return x; }
+template <class T> struct st_tiles {
+  T *W, *qg, *kg, *A;
+  sbf *dO;
   float *S, *Vn, *dV, *en;
   int KB, CB, SB, DB, K16;
 };
-static __device__ st_tiles st_carve(const kp &p, float *sm) {
-  st_tiles t;
-  t.K16 = r16(p.K), t.KB = t.K16 + 8, t.CB = p.C + 8, t.SB = BVT + 4, t.DB = BVT + 8;
-  sbf *b = (sbf *)sm;
+template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm) {
+  st_tiles<T> t;
+  t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
+  t.DB = BVT + 8;
+  T *b = (T *)sm;
   t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
   t.S = (float *)(t.A + p.C * t.CB);
   t.Vn = t.S + t.K16 * t.SB;
@@ -315,31 +411,48 @@ static __device__ st_tiles st_carve(const kp &p, float *sm) {
   t.en = t.dV + p.C * t.SB;
   return t;
 }
+/* the global copies the state passes stage: bf16 (k_intra_tc) or fp32 (k_intra_tc_p) */
+template <class T> struct st_src;
+template <> struct st_src<sbf> {
+  static __device__ __forceinline__ const sbf *W(const ws &w) { return w.Wb; }
+  static __device__ __forceinline__ const sbf *qg(const ws &w) { return w.qgb; }
+  static __device__ __forceinline__ const sbf *kg(const ws &w) { return w.kgb; }
+  static __device__ __forceinline__ const sbf *A(const ws &w) { return w.Ab; }
+};
+template <> struct st_src<float> {
+  static __device__ __forceinline__ const float *W(const ws &w) { return w.W; }
+  static __device__ __forceinline__ const float *qg(const ws &w) { return w.qg; }
+  static __device__ __forceinline__ const float *kg(const ws &w) { return w.kg; }
+  static __device__ __forceinline__ const float *A(const ws &w) { return w.Aqk; }
+};
 enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_EN = 32, SG_DO = 64 };
 /* Stage the parts asked for of chunk rows [t0, t0+m): asynchronous copies (zero past m, past
- * K, past V) of the bf16 tiles k_intra_tc wrote (W, s qg, kg, Aqk: same rounding as the fp32 ->
- * bf16 conversion this function used to do), U (fp32) into t.Vn (st_vn_tc subtracts W S in
- * place), dO (bf16) into t.dO; en = e^{G_last} by plain loads. The caller runs cp_wait() and
- * __syncthreads() before reading. Each sweep stages only what it reads, and the parts that die
- * early in a step are prefetched for the next chunk while the step's last MMA runs. */
-static __device__ void st_stage(const kp &p, const ws &w, const st_tiles &t, int64_t t0, int m,
+ * K, past V) of the tiles k_intra_tc wrote (W, s qg, kg, Aqk: bf16, the same rounding as the
+ * fp32 -> bf16 conversion this function used to do; fp32 for the precise backward), U (fp32)
+ * into t.Vn (st_vn_tc subtracts W S in place), dO (bf16) into t.dO; en = e^{G_last} by plain
+ * loads. The caller runs cp_wait() and __syncthreads() before reading. Each sweep stages only
+ * what it reads, and the parts that die early in a step are prefetched for the next chunk
+ * while the step's last MMA runs. */
+template <class T>
+static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
                                 int64_t h, int64_t c0, const void *dout, int parts) {
   int64_t HV = p.HV, V = p.V;
-  int C = p.C, K16 = t.K16, k8 = K16 >> 3, c8 = C >> 3;
+  constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
+  int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
   if (parts & (SG_W | SG_QG | SG_KG))
-    for (int e = threadIdx.x; e < C * k8; e += NT) {
-      int i = e / k8, d = (e % k8) << 3;
+    for (int e = threadIdx.x; e < C * kc; e += NT) {
+      int i = e / kc, d = (e % kc) << LE;
       bool ok = i < m;
       int64_t gi = ((t0 + (ok ? i : 0)) * HV + h) * K16 + d;
-      if (parts & SG_W) cp16(t.W + i * t.KB + d, w.Wb + gi, ok);
-      if (parts & SG_QG) cp16(t.qg + i * t.KB + d, w.qgb + gi, ok);
-      if (parts & SG_KG) cp16(t.kg + i * t.KB + d, w.kgb + gi, ok);
+      if (parts & SG_W) cp16(t.W + i * t.KB + d, st_src<T>::W(w) + gi, ok);
+      if (parts & SG_QG) cp16(t.qg + i * t.KB + d, st_src<T>::qg(w) + gi, ok);
+      if (parts & SG_KG) cp16(t.kg + i * t.KB + d, st_src<T>::kg(w) + gi, ok);
     }
   if (parts & SG_A)
-    for (int e = threadIdx.x; e < C * c8; e += NT) {
-      int i = e / c8, j = (e % c8) << 3;
+    for (int e = threadIdx.x; e < C * cc; e += NT) {
+      int i = e / cc, j = (e % cc) << LE;
       bool ok = i < m;
-      cp16(t.A + i * t.CB + j, w.Ab + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
+      cp16(t.A + i * t.CB + j, st_src<T>::A(w) + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
     }
   if (parts & SG_U)
     cp_tile_f32(t.Vn, t.SB, C, BVT, m, (int)(V - c0 < BVT ? V - c0 : BVT), V % 4 == 0,
@@ -362,40 +475,44 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles &t, int
     for (int d = threadIdx.x; d < K16; d += NT)
       t.en[d] = d < p.K ? __expf(w.G[((t0 + m - 1) * HV + h) * p.K + d]) : 0.f;
 }
-static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles &t) {
+template <class T>
+static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
   for (int e = threadIdx.x; e < t.K16 * BVT; e += NT) {
     int d = e / BVT, c = e % BVT;
     t.S[d * t.SB + c] = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
   }
 }
-static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles &t) {
+template <class T>
+static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
   for (int e = threadIdx.x; e < p.K * BVT; e += NT) {
     int d = e / BVT, c = e % BVT;
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it */
-static __device__ void st_vn_tc(const kp &p, const st_tiles &t, int64_t t0, int m, int64_t h,
+template <int P, class T>
+static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
-  mma_blk<P_BF16>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
-                  [&](int d, int c) { return t.S[d * t.SB + c]; },
-                  [&](int i, int c, float x) {
-                    float u = t.Vn[i * t.SB + c] - x;
-                    t.Vn[i * t.SB + c] = u;
-                    if (vn && i < m && c0 + c < p.V) vn[((t0 + i) * p.HV + h) * p.V + c0 + c] = u;
-                  });
+  mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
+             [&](int d, int c) { return t.S[d * t.SB + c]; },
+             [&](int i, int c, float x) {
+               float u = t.Vn[i * t.SB + c] - x;
+               t.Vn[i * t.SB + c] = u;
+               if (vn && i < m && c0 + c < p.V) vn[((t0 + i) * p.HV + h) * p.V + c0 + c] = u;
+             });
 }
 /* S <- e^{G_last} S + kg^T Vn */
-static __device__ void st_upd_tc(const kp &p, const st_tiles &t) {
-  mma_blk<P_BF16>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
-                  [&](int i, int c) { return t.Vn[i * t.SB + c]; },
-                  [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+template <int P, class T>
+static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
+  mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
+             [&](int i, int c) { return t.Vn[i * t.SB + c]; },
+             [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
 
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
   int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV;
-  st_tiles t = st_carve(p, sm);
+  st_tiles<sbf> t = st_carve<sbf>(p, sm);
   int64_t sbase = (n * HV + h) * p.K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   st_ld(p, h0, sbase, c0, t);
@@ -407,7 +524,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
     cp_wait();
     __syncthreads();
-    st_vn_tc(p, t, t0, m, h, c0, nullptr);
+    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, nullptr);
     __syncthreads();
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_blk<P_BF16>(p.C, BVT, t.K16 + p.C,
@@ -417,17 +534,22 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
     if (ci + 1 < cl)
       st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W | SG_QG | SG_A);
-    st_upd_tc(p, t);
+    st_upd_tc<P_BF16>(p, t);
   }
   __syncthreads();
   if (ht) st_st(p, ht, sbase, c0, t);
 }
 
-__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                     const float *dht, float *dh0) {
+/* PR: the precise backward (fp32 tiles from k_intra_tc_p, every product in P_3TF32): S, Vn,
+ * dS, dVn, which every gradient and dg are built from, to fp32-level accuracy */
+template <bool PR>
+static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+                                                    const float *dht, float *dh0) {
+  typedef typename std::conditional<PR, float, sbf>::type T;
+  constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
   int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, K = p.K, V = p.V, HV = p.HV;
-  st_tiles t = st_carve(p, sm);
+  st_tiles<T> t = st_carve<T>(p, sm);
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   st_ld(p, h0, sbase, c0, t);
@@ -440,10 +562,10 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
     cp_wait();
     __syncthreads();
-    st_vn_tc(p, t, t0, m, h, c0, w.vn);
+    st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();                               /* W dead: prefetch the next chunk's */
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W);
-    st_upd_tc(p, t);
+    st_upd_tc<P>(p, t);
   }
   __syncthreads();
   st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
@@ -458,24 +580,32 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0
     cp_wait();
     __syncthreads();
     /* dVn = [Aqk^T | kg] [dO ; dS] */
-    mma_blk<P_BF16>(p.C, BVT, p.C + t.K16,
-                    [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
-                    [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.S[(k - p.C) * t.SB + c]; },
-                    [&](int j, int c, float x) {
-                      t.dV[j * t.SB + c] = x;
-                      if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
-                    });
+    mma_blk<P>(p.C, BVT, p.C + t.K16,
+               [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
+               [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.S[(k - p.C) * t.SB + c]; },
+               [&](int j, int c, float x) {
+                 t.dV[j * t.SB + c] = x;
+                 if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
+               });
     __syncthreads();                               /* Aqk, kg dead: prefetch the previous chunk's */
     if (ci > cf)
       st_stage(p, w, t, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, nullptr, SG_A | SG_KG);
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
-    mma_blk<P_BF16>(t.K16, BVT, 2 * p.C,
-                    [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
-                    [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
-                    [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+    mma_blk<P>(t.K16, BVT, 2 * p.C,
+               [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
+               [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
+               [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
   }
   __syncthreads();
   if (dh0) st_st(p, dh0, sbase, c0, t);
+}
+__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+                                                     const float *dht, float *dh0) {
+  state_bwd_tc<false>(p, w, h0, dout, dht, dh0);
+}
+__global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
+                                                       const float *dht, float *dh0) {
+  state_bwd_tc<true>(p, w, h0, dout, dht, dh0);
 }
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
@@ -483,8 +613,33 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0
  * smem bf16: S0, dS [K16][VB]; dO, Vn, dVn [C][VB]; fp32: G [C][K16+4] (the epilogues' e^G
  * factors used to load G from global, one dependent load per output element).
  * Staging: loads batched 8 per thread (bit-identical values; ~8x fewer exposed latencies). */
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec) {
+  if (prec) /* k_bwd_rows_tc_p: fp32 R1 [K16][V16+4], R2 [C][V16+4], G [C][K16+4]; bf16 dO [C][V16+8] */
+    return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
   return (size_t)(2 * r16(K) + 3 * C) * (r16(V) + 8) * 2 + (size_t)C * (r16(K) + 4) * 4;
+}
+/* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
+ * a lane's loads (4 per batch) issued together, summed in the same order as one by one */
+static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int64_t h, const float *gS0,
+                                                const float *gdS) {
+  int64_t K = p.K, V = p.V, HV = p.HV;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int64_t d = wp; d < K; d += NT / 32) {
+    float acc = 0;
+    for (int64_t cb = 0; cb < V; cb += 128) {
+      float a[4], b[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int64_t c = cb + lane + 32 * u;
+        a[u] = c < V ? gS0[d * V + c] : 0.f, b[u] = c < V ? gdS[d * V + c] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (cb + lane + 32 * u < V) acc += a[u] * b[u];
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (!lane) w.dgn[((int64_t)blockIdx.x * HV + h) * K + d] = acc;
+  }
 }
 __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w) {
   extern __shared__ __align__(16) float sm[];
@@ -517,25 +672,7 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
     dO[i * VB + c] = __float2bfloat16(x.x), Vn[i * VB + c] = __float2bfloat16(x.y);
     dV[i * VB + c] = __float2bfloat16(x.z);
   });
-  /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
-   * a lane's loads (4 per batch) issued together, summed in the same order as one by one */
-  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  for (int64_t d = wp; d < K; d += NT / 32) {
-    float acc = 0;
-    for (int64_t cb = 0; cb < V; cb += 128) {
-      float a[4], b[4];
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int64_t c = cb + lane + 32 * u;
-        a[u] = c < V ? gS0[d * V + c] : 0.f, b[u] = c < V ? gdS[d * V + c] : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < 4; u++)
-        if (cb + lane + 32 * u < V) acc += a[u] * b[u];
-    }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (!lane) w.dgn[((int64_t)blockIdx.x * HV + h) * K + d] = acc;
-  }
+  rows_dgn(p, w, h, gS0, gdS);
   cp_wait();
   __syncthreads();
   mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
@@ -554,6 +691,55 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
                   [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
 #undef ROWI
 }
+/* The precise backward's twin: the same products from fp32 S0, dS, Vn, dVn (the state pass's
+ * fp32 outputs, no longer rounded to bf16) in P_3TF32 (dO, a bf16 input, is exact in tf32:
+ * P_3TF32A). The four fp32 tiles do not fit together (K = V = 128: 203 KB before G), so two
+ * phases share two regions: R1 [K16][VS] holds S0 then dS, R2 [C][VS] dVn then Vn; the
+ * second phase's copies are exposed (one latency), all by cp.async. */
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws w) {
+  extern __shared__ __align__(16) float sm[];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
+  float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
+  sbf *dO = (sbf *)(Gs + C * GS);
+  const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
+  const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
+  bool al = V % 4 == 0;
+#define ROWI(i) (((t0 + (i)) * HV + h))
+  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
+  cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
+  cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
+  batched<8>(C * V16, [&](int e) {
+    int i = e / V16, c = e % V16;
+    return i < n && c < V ? ldb(dout, ROWI(i) * V + c) : 0.f;
+  }, [&](int e, float x) { dO[(e / V16) * VB + e % V16] = __float2bfloat16(x); });   /* exact */
+  rows_dgn(p, w, h, gS0, gdS);
+  cp_wait();
+  __syncthreads();
+  mma_blk<P_3TF32A>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                    [&](int c, int d) { return R1[d * VS + c]; },
+                    [&](int i, int d, float x) {
+                      if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
+                    });
+  mma_blk<P_3TF32>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
+                   [&](int c, int d) { return R1[d * VS + c]; },
+                   [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
+  __syncthreads();                                 /* S0, dVn read by every warp: reuse R1, R2 */
+  cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+  cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+  cp_wait();
+  __syncthreads();
+  mma_blk<P_3TF32>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
+                   [&](int c, int d) { return R1[d * VS + c]; },
+                   [&](int i, int d, float x) {
+                     if (i < n && d < K)
+                       w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
+                   });
+#undef ROWI
+}
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
  * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that
@@ -563,37 +749,59 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
  * M^T dVn and in dM (whose errors do not cancel between the two terms: one went through bf16 M,
  * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
  * smem fp32: M, dM, X [C][CS]; dVn [C][VS]; dW, Kb [C][KS]; b [C];
- *      bf16: dO, Vn, v (raw input: exact) [C][VB] */
-size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {
+ *      bf16: dO, Vn, v (raw input: exact) [C][VB]
+ * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA = s dO Vn^T from an fp32
+ * Vn tile (P_3TF32A: dO exact) that lives where dM and X go later (a barrier between dA and
+ * dM), so no bf16 Vn tile: [C][max(2 CS, VS)] floats for Vn / dM, X. */
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec) {
+  if (prec) {
+    int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
+    return (size_t)(2 * C * (r16(V) + 8)) * 2 +
+           (size_t)(C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
+  }
   return (size_t)(3 * C * (r16(V) + 8)) * 2 +
          (size_t)(3 * C * (C + 4) + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
-__global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+template <bool PR>
+static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
-  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = X + C * CS, *dWs = dVs + C * VS,
-        *Kb = dWs + C * KS, *bs = Kb + C * KS;
-  sbf *dO = (sbf *)(bs + C), *Vn = dO + C * VB, *Vr = Vn + C * VB;
+  int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* PR: the Vn / dM, X region */
+  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = PR ? dM + U : X + C * CS, *dWs = dVs + C * VS,
+        *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: PR only, dead before dM */
+  sbf *dO = (sbf *)(bs + C), *Vn = dO + C * VB, *Vr = PR ? Vn : Vn + C * VB;   /* Vn: !PR only */
 #define ROWI(i) (((t0 + (i)) * HV + h))
   /* staging: fp32 tiles by cp.async (zero-filled), the converted ones with batched loads */
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
   cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
+  if (PR) cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
   for (int r = threadIdx.x; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  batched<8>(C * V16, [&](int e) {
-    int i = e / V16, c = e % V16;
-    bool ok = i < n && c < V;
-    return make_float3(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? w.vn[ROWI(i) * V + c] : 0.f,
-                       ok ? ldb(v, ROWI(i) * V + c) : 0.f);
-  }, [&](int e, float3 x) {
-    int i = e / V16, c = e % V16;
-    dO[i * VB + c] = __float2bfloat16(x.x), Vn[i * VB + c] = __float2bfloat16(x.y);
-    Vr[i * VB + c] = __float2bfloat16(x.z);        /* exact: x.z is a bf16 value */
-  });
+  if constexpr (PR)
+    batched<8>(C * V16, [&](int e) {
+      int i = e / V16, c = e % V16;
+      bool ok = i < n && c < V;
+      return make_float2(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? ldb(v, ROWI(i) * V + c) : 0.f);
+    }, [&](int e, float2 x) {
+      int i = e / V16, c = e % V16;
+      dO[i * VB + c] = __float2bfloat16(x.x), Vr[i * VB + c] = __float2bfloat16(x.y);   /* exact */
+    });
+  else
+    batched<8>(C * V16, [&](int e) {
+      int i = e / V16, c = e % V16;
+      bool ok = i < n && c < V;
+      return make_float3(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? w.vn[ROWI(i) * V + c] : 0.f,
+                         ok ? ldb(v, ROWI(i) * V + c) : 0.f);
+    }, [&](int e, float3 x) {
+      int i = e / V16, c = e % V16;
+      dO[i * VB + c] = __float2bfloat16(x.x), Vn[i * VB + c] = __float2bfloat16(x.y);
+      Vr[i * VB + c] = __float2bfloat16(x.z);        /* exact: x.z is a bf16 value */
+    });
   batched<8>(C * K16, [&](int e) {
     int i = e / K16, d = e % K16;
     int64_t gi = ROWI(i) * K + d;
@@ -602,37 +810,43 @@ __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const vo
   cp_wait();
   __syncthreads();
   /* dA = s tril(dO Vn^T) */
-  mma_blk<P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                  [&](int c, int j) { return f(Vn[j * VB + c]); },
-                  [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+  if constexpr (PR) {
+    mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                      [&](int c, int j) { return VnF[j * VS + c]; },
+                      [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+    __syncthreads();                               /* every warp done with VnF before dM overwrites it */
+  } else
+    mma_blk<P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                    [&](int c, int j) { return f(Vn[j * VB + c]); },
+                    [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
-  mma_blk<P_TF32>(C, C, V16 + K16,
-                  [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; },
-                  [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
-                  [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
+  mma_blk<PT>(C, C, V16 + K16,
+              [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; },
+              [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
+              [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
   __syncthreads();
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
-  mma_blk<P_TF32>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; },
-                  [&](int m, int j) { return Ms[j * CS + m]; },
-                  [&](int i, int j, float x) { X[i * CS + j] = x; });
+  mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; },
+              [&](int m, int j) { return Ms[j * CS + m]; },
+              [&](int i, int j, float x) { X[i * CS + j] = x; });
   __syncthreads();
   /* dL = -strict-tril(M^T X) */
-  mma_blk<P_TF32>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
-                  [&](int m, int j) { return X[m * CS + j]; },
-                  [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
+  mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
+              [&](int m, int j) { return X[m * CS + j]; },
+              [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
-  mma_blk<P_TF32>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-                  [&](int i, int c) { return dVs[i * VS + c]; },
-                  [&](int j, int c, float x) {
-                    if (j < n && c < V) {
-                      stb(dv, ROWI(j) * V + c, bs[j] * x);
-                      w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
-                    }
-                  });
+  mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+              [&](int i, int c) { return dVs[i * VS + c]; },
+              [&](int j, int c, float x) {
+                if (j < n && c < V) {
+                  stb(dv, ROWI(j) * V + c, bs[j] * x);
+                  w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
+                }
+              });
   /* dKb = M^T dW (tf32) */
-  mma_blk<P_TF32>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-                  [&](int i, int d) { return dWs[i * KS + d]; },
-                  [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
+  mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
+              [&](int i, int d) { return dWs[i * KS + d]; },
+              [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
   __syncthreads();                                 /* global writes above visible to the block */
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   for (int j = wp; j < n; j += NT / 32) {          /* dbeta_WY: fixed-order warp sums */
@@ -647,6 +861,12 @@ __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const vo
   }
 #undef ROWI
 }
+__global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<false>(p, v, dout, dv, w);
+}
+__global__ void __launch_bounds__(NT) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<true>(p, v, dout, dv, w);
+}
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
  * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C]; dGn [K16] */
@@ -654,9 +874,11 @@ size_t smem_final_tc(int64_t C, int64_t K) {
   int64_t KS = r16(K) + 4;
   return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32) * 4;
 }
-__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
-                                                     const float *A_log, const float *dt_bias,
-                                                     void *dg, void *dbeta, ws w) {
+/* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
+template <bool PR>
+static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
+                                                    const float *dt_bias, void *dg, void *dbeta, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -739,39 +961,39 @@ __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, con
     __syncthreads();
     /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
      * loads first, then the updates (same arithmetic as one element at a time) */
-    mma_blk4<P_TF32>(32, K16, r,
-                     [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dLs[(r + ii - 16) * CS + j]; },
-                     [&](int j, int d) { return X[j * KS + d]; },
-                     [&](int ii, int d0, float c0, float c1, float c2, float c3) {
-                       float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                       int iv[4], dv[4];
-                       bool ok[4];
-                       int64_t gi[4];
+    mma_blk4<PT>(32, K16, r,
+                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dLs[(r + ii - 16) * CS + j]; },
+                 [&](int j, int d) { return X[j * KS + d]; },
+                 [&](int ii, int d0, float c0, float c1, float c2, float c3) {
+                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
+                   int iv[4], dv[4];
+                   bool ok[4];
+                   int64_t gi[4];
 #pragma unroll
-                       for (int u = 0; u < 4; u++) {
-                         iv[u] = r + (ii & 15) + (u >> 1) * 8, dv[u] = d0 + (u & 1);
-                         ok[u] = iv[u] < n && dv[u] < K;
-                         gi[u] = ROWI(iv[u]) * K + dv[u];
+                   for (int u = 0; u < 4; u++) {
+                     iv[u] = r + (ii & 15) + (u >> 1) * 8, dv[u] = d0 + (u & 1);
+                     ok[u] = iv[u] < n && dv[u] < K;
+                     gi[u] = ROWI(iv[u]) * K + dv[u];
+                   }
+                   if (ii < 16) {
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) a[u] = w.dQ[gi[u]], b[u] = w.dW[gi[u]];
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) {
+                         float y = x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                         w.dQ[gi[u]] = a[u] + y, w.dW[gi[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
                        }
-                       if (ii < 16) {
+                   } else {
 #pragma unroll
-                         for (int u = 0; u < 4; u++)
-                           if (ok[u]) a[u] = w.dQ[gi[u]], b[u] = w.dW[gi[u]];
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) a[u] = w.dKb[gi[u]];
 #pragma unroll
-                         for (int u = 0; u < 4; u++)
-                           if (ok[u]) {
-                             float y = x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
-                             w.dQ[gi[u]] = a[u] + y, w.dW[gi[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
-                           }
-                       } else {
-#pragma unroll
-                         for (int u = 0; u < 4; u++)
-                           if (ok[u]) a[u] = w.dKb[gi[u]];
-#pragma unroll
-                         for (int u = 0; u < 4; u++)
-                           if (ok[u]) w.dKb[gi[u]] = a[u] + x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
-                       }
-                     });
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) w.dKb[gi[u]] = a[u] + x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                   }
+                 });
   }
   /* off-diagonal column terms: block J against rows i > r' = 16 J + 15, factored around r' */
   for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
@@ -784,35 +1006,35 @@ __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, con
       X[(m16 + ii) * KS + d] = ii < mrow ? bs[i] * ks[i * KS + d] * s : 0.f;
     }
     __syncthreads();
-    mma_blk4<P_TF32>(16, K16, 2 * m16,
-                    [&](int jj, int k) {
-                      int j = 16 * J + jj;
-                      if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
-                      k -= m16;
-                      return k < mrow ? dLs[(rp + 1 + k) * CS + j] : 0.f;
-                    },
-                    [&](int k, int d) { return X[k * KS + d]; },
-                    [&](int jj, int d0, float c0, float c1, float c2, float c3) {
-                      float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                      int jv[4], dv[4];
-                      bool ok[4];
-                      int64_t gj[4];
+    mma_blk4<PT>(16, K16, 2 * m16,
+                 [&](int jj, int k) {
+                   int j = 16 * J + jj;
+                   if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                   k -= m16;
+                   return k < mrow ? dLs[(rp + 1 + k) * CS + j] : 0.f;
+                 },
+                 [&](int k, int d) { return X[k * KS + d]; },
+                 [&](int jj, int d0, float c0, float c1, float c2, float c3) {
+                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
+                   int jv[4], dv[4];
+                   bool ok[4];
+                   int64_t gj[4];
 #pragma unroll
-                      for (int u = 0; u < 4; u++) {
-                        jv[u] = 16 * J + jj + (u >> 1) * 8, dv[u] = d0 + (u & 1);
-                        ok[u] = jv[u] < n && dv[u] < K;
-                        gj[u] = ROWI(jv[u]) * K + dv[u];
-                      }
+                   for (int u = 0; u < 4; u++) {
+                     jv[u] = 16 * J + jj + (u >> 1) * 8, dv[u] = d0 + (u & 1);
+                     ok[u] = jv[u] < n && dv[u] < K;
+                     gj[u] = ROWI(jv[u]) * K + dv[u];
+                   }
 #pragma unroll
-                      for (int u = 0; u < 4; u++)
-                        if (ok[u]) a[u] = w.dKi[gj[u]], b[u] = w.dW[gj[u]];
+                   for (int u = 0; u < 4; u++)
+                     if (ok[u]) a[u] = w.dKi[gj[u]], b[u] = w.dW[gj[u]];
 #pragma unroll
-                      for (int u = 0; u < 4; u++)
-                        if (ok[u]) {
-                          float y = x[u] * __expf(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
-                          w.dKi[gj[u]] = a[u] + y, w.dW[gj[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
-                        }
-                    });
+                   for (int u = 0; u < 4; u++)
+                     if (ok[u]) {
+                       float y = x[u] * __expf(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
+                       w.dKi[gj[u]] = a[u] + y, w.dW[gj[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
+                     }
+                 });
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
@@ -857,4 +1079,13 @@ __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, con
   }
 #undef ROWI
 }
-
+__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
+                                                        const float *A_log, const float *dt_bias,
+                                                        void *dg, void *dbeta, ws w) {
+  bwd_final_tc<false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
+__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
+                                                          const float *A_log, const float *dt_bias,
+                                                          void *dg, void *dbeta, ws w) {
+  bwd_final_tc<true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
