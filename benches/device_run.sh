@@ -11,6 +11,9 @@
 #   profile   where the time goes: KDA_CUDA_PROFILE of the GPT S, hybrid S and GPT M steps; ncu
 #             per-kernel times of the KDA fwd+bwd at three bench shapes
 #   bench     benches/bench.sh (what `make bench` runs) with the bundle's binaries (SIZES="S M L")
+#   ab        one switch measured in the same run: the GPT steps with and without ${AB:-KDA_NO_FUSE}=1,
+#             alternating, per config (AB_CFGS="size=S batch=8 seq=512|..."); then the op
+#             micro-benchmarks (attention, GEMM, norms)
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
 #   race      the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window
@@ -77,6 +80,21 @@ if [ "$MODE" = bench ]; then   # bench.sh writes a dozen logs: they come back as
   KDA=$KDA BIN=build/gpu OUT=/tmp/bench_out SIZES="${SIZES:-S M L}" bash benches/bench.sh
   cp benches/history.tsv "$OUT/history.tsv"
   tar -czf "$OUT/bench_logs.tgz" -C /tmp/bench_out .
+fi
+
+if [ "$MODE" = ab ]; then
+  SW=${AB:-KDA_NO_FUSE}
+  IFS='|' read -r -a cfgs <<< "${AB_CFGS:-size=S batch=8 seq=512|size=S batch=64 seq=512|size=M batch=64 seq=1024}"
+  for c in "${cfgs[@]}"; do
+    for rep in 1 2; do
+      for sw in 0 1; do
+        stage "$c, $SW=$sw (repeat $rep)"
+        env "$SW=$([ $sw = 1 ] && echo 1 || echo 0)" timeout 120 "$KDA" --trust benches/gpt_bench.lua $c steps=150 check=0 2>&1 | grep -E "^kda " | tee -a "$OUT/ab.log"
+      done
+    done
+  done
+  stage "op micro-benchmarks"
+  timeout 200 build/gpu/cuda_ops_bench > "$OUT/ops_bench.log" 2>&1; echo "rc=$?"; grep -iE "attention|rmsnorm|add" "$OUT/ops_bench.log" | head -20
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then

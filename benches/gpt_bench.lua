@@ -47,9 +47,13 @@ local cfg = { model = model(mcfg), optimizer = opt.optimizer, batch = opt.batch,
               schedule = "cosine", min_lr_frac = 0.1, decay_frac = 0.2, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95,
               eps = 1e-8, clip = 1.0 }
 local data = train.open_data { { path = "data/small/prose.txt", name = "prose" } }
+local t_build = kda.now()
 local G, io = train.build(cfg)
 local plan = kda.Plan.build(G, "cuda")
+local t_init = kda.now()
 plan:init_params(1)
+C.kda_cuda_synchronize()
+local init_s, build_s = kda.now() - t_init, t_init - t_build   -- where the time to the first step goes
 local B, T = opt.batch, opt.seq
 data:start(B, T, 1, true)
 C.kda_cuda_reset_peak_mem()
@@ -67,8 +71,9 @@ for step = 0, opt.steps - 1 do
     times[#times + 1] = kda.now() - t0
     if step == 0 then first_step = C.kda_since_start() - check_seconds end
     if step == 0 and opt.first == 1 then   -- first=1: time to the first step only (the L config)
-      print(("kda %s %s %.2fM params batch %dx%d | first step %.2f s after start (step 0) | device %s")
-            :format(opt.arch, opt.size, G:param_count() / 1e6, B, T, first_step, ffi.string(C.kda_cuda_device_name())))
+      print(("kda %s %s %.2fM params batch %dx%d | first step %.2f s after start (step 0; graph + plan %.2f s, parameter init %.2f s, step 0 itself %.2f s) | device %s")
+            :format(opt.arch, opt.size, G:param_count() / 1e6, B, T, first_step, build_s, init_s, times[1],
+                    ffi.string(C.kda_cuda_device_name())))
       os.exit(0)
     end
     if step == 50 then t_pipe = kda.now() end
@@ -89,7 +94,11 @@ local n = G:param_count()
 local fpt = gpt_flops_per_token(n, mcfg, T)
 local peak = C.kda_cuda_bf16_peak_flops()
 local loss = plan:read_floats(io.loss)
-print(("kda %s %s %s %.2fM params batch %dx%d graph=%s | warm step (mean of steps 51..%d, pipelined) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s | step %d alone (synced, median of steps 40..50) %.3f ms | gpu fwd %.3f bwd %.3f opt %.3f ms (last step)")
+local fc = ffi.new("int[4]")
+C.kda_cuda_fusion_counts(fc)
+local fusions = ("fused add+rmsnorm %d rmsnorm_bwd+add %d matmul+add %d cross_entropy+bwd %d")
+  :format(fc[0], fc[1], fc[2], fc[3])
+print(("kda %s %s %s %.2fM params batch %dx%d graph=%s | warm step (mean of steps 51..%d, pipelined) %.3f ms | %.3f M tok/s | MFU %.1f%% of %.0f TFLOP/s | first step %.2f s after start | peak mem %.2f GiB | GPU util %.0f%% | final loss %.3f | device %s | step %d alone (synced, median of steps 40..50) %.3f ms | gpu fwd %.3f bwd %.3f opt %.3f ms (last step) | %s")
       :format(opt.arch, opt.optimizer, opt.size, n / 1e6, B, T, os.getenv("KDA_NO_GRAPH") and "no" or "yes", opt.steps - 1, med * 1e3, B * T / med / 1e6,
               100 * fpt * B * T / med / peak, peak / 1e12, first_step, C.kda_cuda_peak_mem_bytes() / 2^30, util[0], loss,
-              ffi.string(C.kda_cuda_device_name()), 50, synced * 1e3, stage[0], stage[1], stage[2]))
+              ffi.string(C.kda_cuda_device_name()), 50, synced * 1e3, stage[0], stage[1], stage[2], fusions))

@@ -28,6 +28,16 @@ typedef struct kda_exec_node {
   kda_tview out;       /* for in-place ops (SCHEDULE, ADAMW) out aliases in[0] */
   int64_t iattr[8];
   float fattr[8];
+  /* A fusion the plan proved safe; a backend may take it or run the nodes as listed (the CPU
+   * does). On a CROSS_ENTROPY, fuse_offset > 0: the node that many places later is the
+   * CROSS_ENTROPY_BWD of the same logits and targets, its dloss the constant fused_dloss (a
+   * chain of FILLs from the loss seed), and the plan keeps that node's output free from here
+   * on, so the gradient may be written here, the logits read once. On that CROSS_ENTROPY_BWD
+   * the same distance, negated. 0 elsewhere (so zero-initialised nodes fuse nothing). */
+  int32_t fuse_offset;
+  float fused_dloss;
+  int32_t kept;        /* 1: out is read by the host after the run (KEEP) or persists, so a
+                          fusion must still write it */
 } kda_exec_node;
 
 typedef struct kda_backend {
@@ -48,6 +58,16 @@ typedef struct kda_backend {
   int (*write_input)(void *dst, const void *src, int64_t bytes);
   void (*marks)(int bwd_begin, int opt_begin);
   int (*zero)(void *dst, int64_t bytes);   /* optional: fill with zero bytes on the backend */
+  /* Optional: upload: write dst[0..bytes) from a source the host generates piece by piece
+   * (parameter initialisation), with no host buffer of the whole. The backend calls
+   * fill(ctx, chunk, offset, len) for consecutive pieces [offset, offset+len) in order (offset
+   * a multiple of 4096; every len but the last one too) to write them into its own staging
+   * memory (CUDA: two pinned buffers; one piece's copy overlaps the next piece's fill). The
+   * copies are ordered before anything later on the backend; upload may return before they
+   * are done. Returns 0, -1 + error, or 1, having called nothing, when it cannot stage (CUDA:
+   * no pinned memory): the caller then uses write. */
+  int (*upload)(void *dst, int64_t bytes,
+                void (*fill)(void *ctx, void *chunk, int64_t offset, int64_t len), void *ctx);
 } kda_backend;
 
 const kda_backend *kda_cpu_backend(void);

@@ -632,7 +632,7 @@ static int cpu_run(const kda_exec_node *nodes, int n, int key) {
 static int cpu_zero(void *dst, int64_t bytes) { memset(dst, 0, (size_t)bytes); return 0; }
 
 const kda_backend *kda_cpu_backend(void) {
-  static const kda_backend be = {"cpu", cpu_alloc, free, cpu_copy, cpu_copy, cpu_run, NULL, NULL, cpu_zero};
+  static const kda_backend be = {"cpu", cpu_alloc, free, cpu_copy, cpu_copy, cpu_run, NULL, NULL, cpu_zero, NULL};
   return &be;
 }
 

@@ -23,6 +23,8 @@ int kda_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *kda_malloc(size_t bytes, const char *what);
 /* n normal samples * std from a splitmix64 stream started at seed (deterministic). */
 void kda_fill_normal(float *x, int64_t n, uint64_t seed, float std);
+/* Elements [first, first+count) of that sequence into x[0..count): any split, the same values. */
+void kda_fill_normal_range(float *x, int64_t first, int64_t count, uint64_t seed, float std);
 /* The learning rate for 0-based step under the SCHEDULE node's attributes. */
 float kda_schedule_lr(int64_t step, const int64_t *iattr, const float *fattr);
 #endif

@@ -3,6 +3,8 @@
  *  1. storage dtype per node (CPU: f32; CUDA: bf16 activations, f32 for PRECISE nodes)
  *  2. aliases: a VIEW shares its input's buffer; an in-place op shares in[0]'s
  *  3. liveness: a buffer lives from its producer to its last reader (KEEP: to the end)
+ *  3b. fusion: a CROSS_ENTROPY and its backward under a constant dloss are paired, the
+ *     backward's buffer living from the forward node on (kda_exec_node.fuse_offset)
  *  4. offsets: buffers sorted by size, each placed at the lowest offset that overlaps no
  *     buffer whose lifetime intersects its own — one arena, sized once, never grown
  *  5. persistent region: parameters, optimizer state, inputs
@@ -23,6 +25,7 @@ struct kda_plan {
   int backend;
   int32_t n, nforward;
   int32_t *root, *first, *last, *dtype;
+  int32_t *peer;             /* the fused partner's node id (3b), -1 if none */
   int64_t *offset, *bytes;   /* offset in arena (-1: not arena) or in persist (persistent) */
   char **ptr;
   char *arena, *persist;
@@ -86,6 +89,39 @@ static int place_buffers(kda_plan *p, slot *bufs, int nb) {
   return 0;
 }
 
+/* The value of a chain of FILLs from the loss seed (FILL() = fattr0, FILL(s) = s * fattr0),
+ * known when the plan is built; NAN when anything else feeds it (known only at run time). */
+static float constant_fill(const kda_graph *g, int32_t id) {
+  float v = 1.0f;
+  for (;;) {
+    const node *nd = &g->nodes[id];
+    if (nd->op != KDA_OP_FILL) return NAN;
+    v *= nd->fattr[0];
+    if (nd->nin == 0) return v;
+    id = nd->in[0];
+  }
+}
+
+/* 3b. A mean loss's CROSS_ENTROPY_BWD reads the logits again with a dloss fixed when the plan
+ * is built. Starting its buffer's life at the forward node lets a backend write the gradient
+ * in the forward's pass over the logits; every node between them sees it as live. */
+static void pair_cross_entropy(kda_plan *p) {
+  const kda_graph *g = p->g;
+  for (int32_t j = 0; j < p->n; j++) {
+    const node *b = &g->nodes[j];
+    if (b->op != KDA_OP_CROSS_ENTROPY_BWD || p->root[j] != j || isnan(constant_fill(g, b->in[2])))
+      continue;
+    for (int32_t i = 0; i < j; i++) {
+      const node *f = &g->nodes[i];
+      if (f->op == KDA_OP_CROSS_ENTROPY && p->peer[i] < 0 && f->in[0] == b->in[0] && f->in[1] == b->in[1]) {
+        p->peer[i] = j, p->peer[j] = i;
+        p->first[j] = i;
+        break;
+      }
+    }
+  }
+}
+
 static int plan_memory(kda_plan *p) {
   kda_graph *g = p->g;
   slot *bufs = malloc((size_t)p->n * sizeof *bufs);
@@ -98,6 +134,7 @@ static int plan_memory(kda_plan *p) {
     p->bytes[i] = align_up(kda_desc_numel(&nd->d) * kda_dtype_size(p->dtype[i]));
     p->first[i] = p->last[i] = i;
     p->offset[i] = -1;
+    p->peer[i] = -1;
   }
   for (int32_t i = 0; i < p->n; i++) { /* a buffer lives until its last reader, via any alias */
     node *nd = &g->nodes[i];
@@ -118,6 +155,7 @@ static int plan_memory(kda_plan *p) {
     bufs[nb++] = (slot){i, 0, p->bytes[i]};
     p->naive_bytes += p->bytes[i];
   }
+  pair_cross_entropy(p);
   int rc = place_buffers(p, bufs, nb);
   free(bufs);
   return rc;
@@ -176,6 +214,13 @@ static int build_exec(kda_plan *p) {
     e->out = tview_of(p, i);
     memcpy(e->iattr, nd->iattr, sizeof e->iattr);
     memcpy(e->fattr, nd->fattr, sizeof e->fattr);
+    e->kept = p->last[p->root[i]] >= p->n || (g->nodes[p->root[i]].flags & NODE_PERSIST);
+    if (p->peer[i] >= 0 && p->peer[i] < i) {   /* the backward half of a fused pair (3b) */
+      kda_exec_node *f = e;
+      while (f->id != p->peer[i]) f--;
+      f->fuse_offset = (int32_t)(e - f), e->fuse_offset = -f->fuse_offset;
+      f->fused_dloss = constant_fill(g, nd->in[2]);
+    }
     if (i < p->nforward) p->nexec_fwd = p->nexec;
   }
   p->opt_begin = p->nexec;
@@ -207,8 +252,9 @@ kda_plan *kda_plan_build(kda_graph *g, int backend) {
   p->nforward = g->nforward ? g->nforward : g->n;
   size_t n = (size_t)(g->n ? g->n : 1);
   p->root = malloc(n * 4), p->first = malloc(n * 4), p->last = malloc(n * 4), p->dtype = malloc(n * 4);
+  p->peer = malloc(n * 4);
   p->offset = malloc(n * 8), p->bytes = malloc(n * 8), p->ptr = malloc(n * sizeof(char *));
-  if (!p->root || !p->first || !p->last || !p->dtype || !p->offset || !p->bytes || !p->ptr) {
+  if (!p->root || !p->first || !p->last || !p->dtype || !p->peer || !p->offset || !p->bytes || !p->ptr) {
     kda_set_error("out of host memory creating a plan");
     kda_plan_free(p);
     return NULL;
@@ -224,7 +270,7 @@ void kda_plan_free(kda_plan *p) {
   if (!p) return;
   if (p->arena) p->be->free(p->arena);
   if (p->persist) p->be->free(p->persist);
-  free(p->root), free(p->first), free(p->last), free(p->dtype), free(p->offset), free(p->bytes);
+  free(p->root), free(p->first), free(p->last), free(p->dtype), free(p->peer), free(p->offset), free(p->bytes);
   free(p->ptr), free(p->exec), free(p->views), free(p->state);
   free(p);
 }
@@ -266,35 +312,81 @@ static uint64_t hash_name(const char *name, uint64_t seed) {
   return h;
 }
 
-/* Box-Muller: pair i/2 turns draws i and i+1 into two normals. Threads split the pairs; every
- * value is what the sequential loop gave (a 1B-parameter model: ~30 s on one core). */
-void kda_fill_normal(float *x, int64_t n, uint64_t seed, float std) {
-  #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; i += 2) {
+/* Box-Muller: pair i/2 (i even) turns draws i and i+1 into two normals, the cos one element
+ * i, the sin one element i+1. The range form writes elements [first, first+count) to
+ * x[0..count): a range that starts or ends inside a pair computes the pair and keeps its half,
+ * so pieces of any sizes at any offsets give, bit for bit, what one fill of the whole gives.
+ * Threads split the pairs; every value is what the sequential loop gave (a 1B-parameter
+ * model: ~30 s on one core). */
+void kda_fill_normal_range(float *x, int64_t first, int64_t count, uint64_t seed, float std) {
+  const int64_t p0 = first & ~(int64_t)1, end = first + count, npairs = count > 0 ? (end - p0 + 1) / 2 : 0;
+  #pragma omp parallel for schedule(static) if (count > (1 << 16))
+  for (int64_t k = 0; k < npairs; k++) {
+    int64_t i = p0 + 2 * k;
     double u1 = uniform_at(seed, i), u2 = uniform_at(seed, i + 1), r = sqrt(-2.0 * log(u1));
-    x[i] = (float)(r * cos(2 * M_PI * u2)) * std;
-    if (i + 1 < n) x[i + 1] = (float)(r * sin(2 * M_PI * u2)) * std;
+    double c = cos(2 * M_PI * u2), s = sin(2 * M_PI * u2);   /* both: one sincos call */
+    if (i >= first) x[i - first] = (float)(r * c) * std;
+    if (i + 1 < end) x[i + 1 - first] = (float)(r * s) * std;
   }
 }
 
+void kda_fill_normal(float *x, int64_t n, uint64_t seed, float std) {
+  kda_fill_normal_range(x, 0, n, seed, std);
+}
+
+/* One state tensor's initial value: element j is a function of (init, seed, scale, j) only. */
+typedef struct init_spec {
+  int init;
+  uint64_t seed;
+  float scale;
+} init_spec;
+
+/* Elements [first, first+count) of a tensor's initial value into x[0..count). */
+static void init_range(float *x, int64_t first, int64_t count, const init_spec *sp) {
+  if (sp->init == KDA_INIT_NORMAL) {
+    kda_fill_normal_range(x, first, count, sp->seed, sp->scale);
+    return;
+  }
+  #pragma omp parallel for schedule(static) if (count > (1 << 16))
+  for (int64_t k = 0; k < count; k++)
+    x[k] = sp->init == KDA_INIT_ONE ? 1.0f
+         : sp->init == KDA_INIT_UNIFORM ? (float)(2.0 * uniform_at(sp->seed, first + k) - 1.0) * sp->scale : 0.0f;
+}
+
+/* The backend's upload fill: a byte range of the tensor's f32 storage. */
+static void init_piece(void *ctx, void *chunk, int64_t offset, int64_t len) {
+  init_range((float *)chunk, offset / (int64_t)sizeof(float), len / (int64_t)sizeof(float), ctx);
+}
+
+/* Parameters are generated on the host. With the backend's upload (CUDA) a tensor goes in
+ * pieces through pinned staging, each piece's DMA overlapping the next piece's generation;
+ * else into one host buffer of the tensor, then write (CUDA: a pageable copy after it).
+ * 1.0B parameters (4 GB f32), 16 cores (predicted; to be measured): generation ~1.0-1.3 s
+ * either way (Box-Muller, libm log + sincos in double: ~16 ns a value on one Xeon core); the
+ * plain path adds the first touch of 4 GB of fresh malloc (~1M page faults and a zeroing
+ * pass, ~0.3 s), pageable copies at 5-10 GB/s with the host waiting (0.4-0.8 s) and the
+ * munmaps (~0.2 s), ~2.0-2.5 s in all; upload hides its pinned copies (25-50 GB/s, 0.1-0.15 s)
+ * behind the generation, ~1.0-1.3 s: about 0.9-1.2 s off the time to the first step. */
 int kda_plan_init_params(kda_plan *p, uint64_t seed) {
   for (int i = 0; i < p->nstate; i++) {
     const node *nd = &p->g->nodes[p->state[i]];
-    int64_t n = kda_desc_numel(&nd->d);
+    int64_t n = kda_desc_numel(&nd->d), bytes = n * (int64_t)sizeof(float);
     int init = nd->op == KDA_OP_PARAM ? nd->init : KDA_INIT_ZERO;   /* optimizer state: zeros */
+    void *dst = p->ptr[p->state[i]];
     if (init == KDA_INIT_ZERO && p->be->zero) {
-      if (p->be->zero(p->ptr[p->state[i]], n * (int64_t)sizeof(float))) return -1;
+      if (p->be->zero(dst, bytes)) return -1;
       continue;
     }
-    float *buf = kda_malloc((size_t)n * sizeof(float), nd->name);
+    init_spec sp = {init, hash_name(nd->name, seed), nd->init_scale};
+    int rc = p->be->upload ? p->be->upload(dst, bytes, init_piece, &sp) : 1;
+    if (rc <= 0) {
+      if (rc) return -1;
+      continue;
+    }
+    float *buf = kda_malloc((size_t)n * sizeof(float), nd->name);   /* no upload: one buffer */
     if (!buf) return -1;
-    uint64_t s = hash_name(nd->name, seed);
-    #pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t j = 0; j < n; j++)
-      buf[j] = init == KDA_INIT_ONE ? 1.0f
-             : init == KDA_INIT_UNIFORM ? (float)(2.0 * uniform_at(s, j) - 1.0) * nd->init_scale : 0.0f;
-    if (init == KDA_INIT_NORMAL) kda_fill_normal(buf, n, s, nd->init_scale);
-    int rc = p->be->write(p->ptr[p->state[i]], buf, n * (int64_t)sizeof(float));
+    init_range(buf, 0, n, &sp);
+    rc = p->be->write(dst, buf, bytes);
     free(buf);
     if (rc) return -1;
   }

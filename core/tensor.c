@@ -127,7 +127,7 @@ kda_tensor *kda_tensor_op(int op, int nin, kda_tensor *const *in, const int64_t 
   kda_tensor *o = tensor_alloc(&out);
   if (!o) return NULL;
   kda_tview views[8];
-  kda_exec_node e = {op, -1, nin, views, {o->data, out.dtype, out.ndim, {0}}, {0}, {0}};
+  kda_exec_node e = {op, -1, nin, views, {o->data, out.dtype, out.ndim, {0}}, {0}, {0}, 0, 0, 0};
   memcpy(e.out.shape, out.shape, sizeof out.shape);
   memcpy(e.iattr, iattr ? iattr : zi, sizeof e.iattr);
   memcpy(e.fattr, fattr ? fattr : zf, sizeof e.fattr);

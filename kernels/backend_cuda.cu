@@ -10,8 +10,9 @@
  * fault names its node.
  *
  * Every eager run and capture of a list starts with the refresh of the bf16 shadows of its
- * f32 GEMM weights (shadow_plan; KDA_NO_SHADOW=1 turns them off) and runs each stretch of
- * consecutive ADAMW nodes as one multi-tensor launch (kc_adamw_multi).
+ * f32 GEMM weights (shadow_plan; KDA_NO_SHADOW=1 turns them off), runs each stretch of
+ * consecutive ADAMW nodes as one multi-tensor launch (kc_adamw_multi) and the node pairs that
+ * fuse_plan finds safe as one kernel each (KDA_NO_FUSE=1 turns them off).
  *
  * Scratch: one device buffer shared by every node (they run in order on one stream), sized to
  * the largest need of any list seen. Growing it moves it, so every captured graph is dropped
@@ -52,7 +53,7 @@ static struct {
   char name[256];
   /* bf16 shadows of f32 GEMM operands: a pool of persistent copies (by source pointer and
    * size, freed with their source) and the active set of the list being run */
-  int no_shadow;
+  int no_shadow, no_fuse;
   kc_shadow pool[MAX_SHADOWS];
   int npool;
   kc_shadow act[MAX_SHADOWS];
@@ -112,6 +113,8 @@ static int init_once(void) {
   G.sync_each = e && *e && strcmp(e, "0") != 0;
   e = getenv("KDA_NO_SHADOW");
   G.no_shadow = e && *e && strcmp(e, "0") != 0;
+  e = getenv("KDA_NO_FUSE");
+  G.no_fuse = e && *e && strcmp(e, "0") != 0;
   e = getenv("KDA_CUDA_PROFILE");
   G.profile = e && *e && strcmp(e, "0") != 0;
   cudaDeviceProp prop;
@@ -214,6 +217,57 @@ static int cu_write(void *dst, const void *src, int64_t bytes) {
   if (init_once()) return kda_set_error("cuda: no CUDA device");
   CK(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyHostToDevice, G.ctx.stream));
   CK(cudaStreamSynchronize(G.ctx.stream));   /* pageable source: keep it simple and safe */
+  return 0;
+}
+
+/* upload (backend.h): a tensor the host generates piece by piece (parameter initialisation),
+ * through two pinned buffers of 32 MiB: fill writes a piece into one while the DMA engine
+ * copies the previous piece out of the other on kda's stream, and an event per buffer says
+ * when it may be refilled. No host buffer of the whole (no page faults of a fresh 4 GB), no
+ * pageable copies (~5-10 GB/s, the host waiting) but pinned ones (~25-50 GB/s) hidden behind
+ * the generation. The last copies stay in flight (kda's stream orders them before the first
+ * step; cu_read and cu_free synchronise), so the pipeline runs on from tensor to tensor. The
+ * buffers are made on the first call and kept; when pinned memory cannot be had, returns 1
+ * (now and on every later call) and the plan writes from its own buffer as before.          */
+static int cu_upload(void *dst, int64_t bytes,
+                     void (*fill)(void *ctx, void *chunk, int64_t offset, int64_t len), void *ctx) {
+  enum { NBUF = 2 };
+  const int64_t piece = (int64_t)32 << 20;
+  static struct {
+    int state;                 /* 0 untried, 1 ready, -1 no pinned memory */
+    void *host[NBUF];
+    cudaEvent_t free_ev[NBUF]; /* the copy out of host[k] is done */
+    cudaEvent_t legacy;        /* the legacy stream's work so far */
+    int next;
+  } U;
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  if (U.state < 0) return 1;
+  if (!U.state) {
+    for (int k = 0; k < NBUF; k++) {
+      if (cudaHostAlloc(&U.host[k], (size_t)piece, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();    /* not sticky: clear it so that nothing else reports it */
+        for (int j = 0; j < k; j++) cudaFreeHost(U.host[j]);
+        U.state = -1;
+        return 1;
+      }
+    }
+    for (int k = 0; k < NBUF; k++) CK(cudaEventCreateWithFlags(&U.free_ev[k], cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&U.legacy, cudaEventDisableTiming));
+    U.state = 1;
+  }
+  /* dev_alloc zeroed dst with cudaMemset on the legacy stream, which kda's non-blocking
+   * stream does not wait for by itself: order the copies after it (no host wait) */
+  CK(cudaEventRecord(U.legacy, cudaStreamLegacy));
+  CK(cudaStreamWaitEvent(G.ctx.stream, U.legacy, 0));
+  for (int64_t off = 0; off < bytes; off += piece) {
+    int64_t len = bytes - off < piece ? bytes - off : piece;
+    int k = U.next;
+    U.next = (k + 1) % NBUF;
+    CK(cudaEventSynchronize(U.free_ev[k]));   /* its previous piece has left it */
+    fill(ctx, U.host[k], off, len);
+    CK(cudaMemcpyAsync((char *)dst + off, U.host[k], (size_t)len, cudaMemcpyHostToDevice, G.ctx.stream));
+    CK(cudaEventRecord(U.free_ev[k], G.ctx.stream));
+  }
   return 0;
 }
 
@@ -376,6 +430,116 @@ static int shadow_plan(const kda_exec_node *nodes, int n) {
   return 0;
 }
 
+/* A cheap signature of a list: the same nodes, pointers and attributes give the same value. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+static uint64_t list_sig(const kda_exec_node *nodes, int n) {
+  uint64_t h = 1469598103934665603ull;
+  h = fnv(h, &n, sizeof n);
+  for (int i = 0; i < n; i++) {
+    const kda_exec_node *x = &nodes[i];
+    h = fnv(h, &x->op, sizeof x->op);
+    h = fnv(h, &x->nin, sizeof x->nin);
+    h = fnv(h, &x->out, sizeof x->out);
+    h = fnv(h, x->iattr, sizeof x->iattr);
+    h = fnv(h, x->fattr, sizeof x->fattr);
+    h = fnv(h, &x->fuse_offset, sizeof x->fuse_offset);
+    h = fnv(h, &x->kept, sizeof x->kept);
+    for (int j = 0; j < x->nin; j++) h = fnv(h, &x->in[j], sizeof x->in[j]);
+  }
+  return h;
+}
+
+
+/* ---- fusions: a pair of adjacent nodes as one kernel ---------------------------------------
+ *   ADD -> RMSNORM of the sum          residual stream + the next pre-norm (kc_add_rmsnorm)
+ *   RMSNORM_BWD -> ADD of its dx       the residual stream's gradient (kc_rmsnorm_bwd_add)
+ *   MATMUL -> ADD of the product       gradient sums, the product in the GEMM's epilogue
+ *   CROSS_ENTROPY ... its backward     paired by the plan (kda_exec_node.fuse_offset)
+ * Decided once per list from pointer ranges. The planner may hand a buffer whose last reader
+ * is node i to node i+1's output, so a pair fuses only when the second node's output overlaps
+ * no input of the first (one kernel doing both would overwrite what it still reads); and
+ * MATMUL -> ADD, which never writes the product itself, only when nothing after the pair
+ * reads the product and the host does not keep it. */
+enum fuse_kind { FUSE_NONE, FUSE_ADD_NORM, FUSE_NORMBWD_ADD, FUSE_MATMUL_ADD, FUSE_XENT, FUSE_DONE,
+                 FUSE_KINDS };
+static const char *const fuse_names[FUSE_KINDS] = {"", "add+rmsnorm", "rmsnorm_bwd+add", "matmul+add",
+                                                   "cross_entropy+bwd", ""};
+static struct {
+  const kda_exec_node *nodes;
+  int n, cap;
+  uint64_t sig;
+  signed char *kind, *arg;   /* per node: enum fuse_kind; the ADD's input that is the first node's output */
+} F;
+
+static int64_t tview_bytes(const kda_tview *t) { return kc_numel(t) * kc_dsize(t->dtype); }
+static int views_overlap(const kda_tview *a, const kda_tview *b) {
+  const char *x = (const char *)a->data, *y = (const char *)b->data;
+  return x && y && x < y + tview_bytes(b) && y < x + tview_bytes(a);
+}
+static int out_hits_inputs(const kda_exec_node *second, const kda_exec_node *first) {
+  for (int j = 0; j < first->nin; j++)
+    if (views_overlap(&second->out, &first->in[j])) return 1;
+  return 0;
+}
+static int read_from(const kda_exec_node *nodes, int from, int n, const kda_tview *t) {
+  for (int k = from; k < n; k++)
+    for (int j = 0; j < nodes[k].nin; j++)
+      if (views_overlap(&nodes[k].in[j], t)) return 1;
+  return 0;
+}
+/* Which input of `add` (an elementwise ADD, no broadcast) is exactly the first `numel`
+ * elements at `data` (the first node's output), the other input apart from that output;
+ * -1 if none. */
+static int addend_from(const kda_exec_node *add, const void *data, int64_t numel,
+                       const kda_tview *first_out) {
+  if (add->op != KDA_OP_ADD || kc_numel(&add->in[0]) != kc_numel(&add->in[1])) return -1;
+  for (int j = 0; j < 2; j++)
+    if (add->in[j].data == data && kc_numel(&add->in[j]) == numel &&
+        !views_overlap(&add->in[1 - j], first_out))
+      return j;
+  return -1;
+}
+
+static int fuse_kind_at(const kda_exec_node *nodes, int i, int n, int *arg) {
+  const kda_exec_node *a = &nodes[i], *b = i + 1 < n ? &nodes[i + 1] : NULL;
+  if (a->op == KDA_OP_CROSS_ENTROPY && a->fuse_offset > 0 && i + a->fuse_offset < n) return FUSE_XENT;
+  if (a->op == KDA_OP_CROSS_ENTROPY_BWD && a->fuse_offset < 0) return FUSE_DONE;
+  if (!b || out_hits_inputs(b, a)) return FUSE_NONE;
+  int64_t numel = kc_numel(&a->out);
+  if (a->op == KDA_OP_ADD && b->op == KDA_OP_RMSNORM && b->in[0].data == a->out.data &&
+      kc_numel(&b->in[0]) == numel && kc_numel(&a->in[1]) == numel &&
+      !views_overlap(&b->in[1], &a->out))
+    return FUSE_ADD_NORM;
+  if (a->op == KDA_OP_RMSNORM_BWD &&
+      (*arg = addend_from(b, a->out.data, kc_numel(&a->in[0]), &a->out)) >= 0)
+    return FUSE_NORMBWD_ADD;
+  if (a->op == KDA_OP_MATMUL && !a->kept && (*arg = addend_from(b, a->out.data, numel, &a->out)) >= 0 &&
+      b->in[1 - *arg].dtype == b->out.dtype && !read_from(nodes, i + 2, n, &a->out))
+    return FUSE_MATMUL_ADD;
+  return FUSE_NONE;
+}
+
+static int fuse_plan(const kda_exec_node *nodes, int n, uint64_t sig) {
+  if (F.nodes == nodes && F.n == n && F.sig == sig) return 0;
+  if (n > F.cap) {
+    free(F.kind), free(F.arg);
+    F.kind = (signed char *)calloc((size_t)n, 1), F.arg = (signed char *)calloc((size_t)n, 1);
+    F.cap = F.kind && F.arg ? n : 0;
+    if (!F.cap) return kda_set_error("cuda: out of host memory planning fusions for %d nodes", n);
+  }
+  for (int i = 0; i < n; i++) {
+    int arg = 0, k = G.no_fuse ? FUSE_NONE : fuse_kind_at(nodes, i, n, &arg);
+    F.kind[i] = (signed char)k, F.arg[i] = (signed char)arg;
+    if (k == FUSE_ADD_NORM || k == FUSE_NORMBWD_ADD || k == FUSE_MATMUL_ADD) F.kind[++i] = FUSE_NONE;
+  }
+  F.nodes = nodes, F.n = n, F.sig = sig;
+  return 0;
+}
+
 /* Stage event k of a training list (0 start, 1 backward, 2 optimizer, 3 end); inside a
  * capture it becomes an event-record node of the graph, so replays re-record it. */
 static int stage_mark(int k, int capturing) {
@@ -384,11 +548,20 @@ static int stage_mark(int k, int capturing) {
   return 0;
 }
 
-/* Node i, or with an ADAMW the ADAMW nodes right after it as one multi-tensor launch: the
- * number of nodes run, or -1. */
+/* Node i, or with an ADAMW the ADAMW nodes right after it as one multi-tensor launch, or
+ * the fused pair starting at i (fuse_plan, for this list): the number of nodes run, or -1. */
 static int run_at(const kda_exec_node *nodes, int i, int n) {
-  if (nodes[i].op == KDA_OP_ADAMW) return kc_adamw_multi(&nodes[i], n - i, &G.ctx);
-  return run_node(&nodes[i], &G.ctx) ? -1 : 1;
+  const kda_exec_node *x = &nodes[i];
+  int fused = F.nodes == nodes && i < F.n ? F.kind[i] : FUSE_NONE;
+  switch (fused) {
+  case FUSE_ADD_NORM: return kc_add_rmsnorm(x, x + 1, &G.ctx) ? -1 : 2;
+  case FUSE_NORMBWD_ADD: return kc_rmsnorm_bwd_add(x, x + 1, F.arg[i], &G.ctx) ? -1 : 2;
+  case FUSE_MATMUL_ADD: return kc_matmul_add(x, x + 1, 1 - F.arg[i], &G.ctx) ? -1 : 2;
+  case FUSE_XENT: return kc_cross_entropy_fused(x, x + x->fuse_offset, &G.ctx) ? -1 : 1;
+  case FUSE_DONE: return 1;   /* its gradient was written with the loss */
+  }
+  if (x->op == KDA_OP_ADAMW) return kc_adamw_multi(x, n - i, &G.ctx);
+  return run_node(x, &G.ctx) ? -1 : 1;
 }
 
 static int run_nodes(const kda_exec_node *nodes, int n, int capturing) {
@@ -417,6 +590,7 @@ static int run_nodes(const kda_exec_node *nodes, int n, int capturing) {
 
 /* The shadows of the list's f32 weights are what its GEMMs read, for this list only. */
 static int run_list(const kda_exec_node *nodes, int n, int capturing) {
+  if (fuse_plan(nodes, n, list_sig(nodes, n))) return -1;
   kc_gemm_set_shadows(G.act, G.nact, nodes, n);
   int rc = run_nodes(nodes, n, capturing);
   kc_gemm_set_shadows(NULL, 0, NULL, 0);
@@ -438,8 +612,8 @@ static struct {
   volatile int *flag;          /* host-mapped */
   int *dflag;
   cudaEvent_t ev[PROF_SEG + 1];
-  double ms[KDA_OP_COUNT + 1]; /* + 1: the shadow refresh */
-  int64_t nodes[KDA_OP_COUNT + 1];
+  double ms[KDA_OP_COUNT + 1 + FUSE_KINDS]; /* + 1: the shadow refresh; then the fused pairs */
+  int64_t nodes[KDA_OP_COUNT + 1 + FUSE_KINDS];
   int list_n, runs;
 } P;
 
@@ -457,16 +631,18 @@ __global__ void k_hold(const volatile int *flag) {
 static void profile_report(void) {
   if (!P.runs) return;
   double total = 0;
-  for (int i = 0; i <= KDA_OP_COUNT; i++) total += P.ms[i];
+  for (int i = 0; i < KDA_OP_COUNT + 1 + FUSE_KINDS; i++) total += P.ms[i];
   fprintf(stderr, "# KDA_CUDA_PROFILE: %d runs of a %d-node list, GPU time per run %.3f ms (back to back, no graph)\n",
           P.runs, P.list_n, total / P.runs);
   fprintf(stderr, "# %-18s %8s %10s %7s\n", "op", "nodes", "us/run", "share");
   for (;;) {   /* largest first */
     int best = -1;
-    for (int i = 0; i <= KDA_OP_COUNT; i++)
+    for (int i = 0; i < KDA_OP_COUNT + 1 + FUSE_KINDS; i++)
       if (P.nodes[i] && (best < 0 || P.ms[i] > P.ms[best])) best = i;
     if (best < 0) break;
-    fprintf(stderr, "  %-18s %8.1f %10.1f %6.1f%%\n", best == KDA_OP_COUNT ? "shadow_refresh" : op_name(best),
+    const char *name = best < KDA_OP_COUNT ? op_name(best) : best == KDA_OP_COUNT ? "shadow_refresh"
+                                                                 : fuse_names[best - KDA_OP_COUNT - 1];
+    fprintf(stderr, "  %-18s %8.1f %10.1f %6.1f%%\n", name,
             (double)P.nodes[best] / P.runs, 1e3 * P.ms[best] / P.runs, 100 * P.ms[best] / total);
     P.nodes[best] = 0;
   }
@@ -498,7 +674,8 @@ static int profile_segments(const kda_exec_node *nodes, int n) {
         op[k] = KDA_OP_COUNT;
         if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) rc = -1;
       } else {
-        op[k] = nodes[i].op;
+        int f = F.kind[i];
+        op[k] = f == FUSE_NONE || f == FUSE_DONE ? nodes[i].op : KDA_OP_COUNT + 1 + f;
         used = run_at(nodes, i, n);
         if (used < 0) rc = -1;
       }
@@ -530,6 +707,7 @@ static int run_list_profiled(const kda_exec_node *nodes, int n) {
     return run_list(nodes, n, 0);
   }
   if (n < P.list_n) return run_list(nodes, n, 0);
+  if (fuse_plan(nodes, n, list_sig(nodes, n))) return -1;
   kc_gemm_set_shadows(G.act, G.nact, nodes, n);
   int rc = profile_segments(nodes, n);
   kc_gemm_set_shadows(NULL, 0, NULL, 0);
@@ -538,26 +716,6 @@ static int run_list_profiled(const kda_exec_node *nodes, int n) {
 }
 
 /* ---- graphs ------------------------------------------------------------------------------ */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-static uint64_t list_sig(const kda_exec_node *nodes, int n) {
-  uint64_t h = 1469598103934665603ull;
-  h = fnv(h, &n, sizeof n);
-  for (int i = 0; i < n; i++) {
-    const kda_exec_node *x = &nodes[i];
-    h = fnv(h, &x->op, sizeof x->op);
-    h = fnv(h, &x->nin, sizeof x->nin);
-    h = fnv(h, &x->out, sizeof x->out);
-    h = fnv(h, x->iattr, sizeof x->iattr);
-    h = fnv(h, x->fattr, sizeof x->fattr);
-    for (int j = 0; j < x->nin; j++) h = fnv(h, &x->in[j], sizeof x->in[j]);
-  }
-  return h;
-}
-
 static void drop_graphs(void) {
   for (int i = 0; i < G.ngraphs; i++) {
     if (G.graphs[i].exec) cudaGraphExecDestroy(G.graphs[i].exec);
@@ -637,7 +795,7 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
 }
 
 static const kda_backend cuda_backend = {"cuda", cu_alloc, cu_free, cu_write, cu_read, cu_run,
-                                         cu_write_input, cu_marks, cu_zero};
+                                         cu_write_input, cu_marks, cu_zero, cu_upload};
 
 extern "C" const kda_backend *kda_cuda_backend(void) {
   return init_once() ? NULL : &cuda_backend;
@@ -672,6 +830,23 @@ extern "C" int kda_cuda_set_graphs(int on) {
   if (init_once()) return kda_set_error("cuda: no CUDA device");
   CK(cudaStreamSynchronize(G.ctx.stream));
   G.no_graph = !on;
+  return 0;
+}
+
+extern "C" int kda_cuda_set_fusion(int on) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  CK(cudaStreamSynchronize(G.ctx.stream));
+  G.no_fuse = !on;
+  F.nodes = NULL;   /* plan the fusions again, and capture again what was captured with them */
+  drop_graphs();
+  return 0;
+}
+
+extern "C" int kda_cuda_fusion_counts(int *counts) {
+  if (init_once()) return kda_set_error("cuda: no CUDA device");
+  for (int k = 0; k < 4; k++) counts[k] = 0;
+  for (int i = 0; F.nodes && i < F.n; i++)
+    if (F.kind[i] >= FUSE_ADD_NORM && F.kind[i] <= FUSE_XENT) counts[F.kind[i] - FUSE_ADD_NORM]++;
   return 0;
 }
 

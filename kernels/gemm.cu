@@ -249,7 +249,9 @@ static int align_of(const void *p) {
   return a;
 }
 
-int kc_matmul(const kda_exec_node *n, kc_ctx *c) {
+/* out = op(a) @ op(b) (+ addend, when not NULL: cuBLASLt's C with beta = 1, same dtype and
+ * layout as out), out in dtype odt. */
+static int matmul(const kda_exec_node *n, kc_ctx *c, const void *addend, void *out, int odt) {
   const kda_tview *a = &n->in[0], *b = &n->in[1];
   const void *pa = a->data, *pb = b->data;
   int abt = KDA_F32;
@@ -287,17 +289,30 @@ int kc_matmul(const kda_exec_node *n, kc_ctx *c) {
     key.sa = key.sb = key.sd = 0;
   }
   if (key.batch == 1) key.sa = key.sb = key.sd = 0;
-  key.ta = ta, key.tb = tb, key.abt = abt, key.ddt = n->out.dtype;
+  key.ta = ta, key.tb = tb, key.abt = abt, key.ddt = odt;
   int al = align_of(pa);
   if (align_of(pb) < al) al = align_of(pb);
-  if (align_of(n->out.data) < al) al = align_of(n->out.data);
+  if (align_of(out) < al) al = align_of(out);
+  if (addend && align_of(addend) < al) al = align_of(addend);
   key.align = al;
   gemm_plan *p = find_plan(n, &key);
   if (!p) return -1;
-  const float alpha = 1.0f, beta = 0.0f;
-  KC_BLAS(n, cublasLtMatmul(lt, p->desc, &alpha, pb, p->la, pa, p->lb, &beta, n->out.data, p->ld,
-                            n->out.data, p->ld, &p->algo, workspace, WORKSPACE_BYTES, c->stream));
+  const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
+  KC_BLAS(n, cublasLtMatmul(lt, p->desc, &alpha, pb, p->la, pa, p->lb, &beta, addend ? addend : out,
+                            p->ld, out, p->ld, &p->algo, workspace, WORKSPACE_BYTES, c->stream));
   return 0;
+}
+
+int kc_matmul(const kda_exec_node *n, kc_ctx *c) {
+  return matmul(n, c, NULL, n->out.data, n->out.dtype);
+}
+
+/* The backend's fusion of a MATMUL with the ADD of its product to another tensor (a gradient
+ * sum: dX = dY1 W1 + dY2 W2 + ...): the product accumulates onto the addend in the GEMM's
+ * epilogue and lands in the ADD's output, rounded once. Saves the ADD's launch and three
+ * passes over the tensor (write the product, read it and the addend back). */
+int kc_matmul_add(const kda_exec_node *mm, const kda_exec_node *add, int addend, kc_ctx *c) {
+  return matmul(mm, c, add->in[addend].data, add->out.data, add->out.dtype);
 }
 
 void kc_gemm_shutdown(void) {

@@ -33,6 +33,13 @@ int kda_cuda_stage_ms(double *ms);
 /* 0: run every list eagerly (what --no-graph and KDA_NO_GRAPH=1 do); 1: capture and replay. */
 int kda_cuda_set_graphs(int on);
 
+/* 0: run every node alone (what KDA_NO_FUSE=1 does); 1: run the pairs the backend proves safe
+ * as one kernel each (the default; backend_cuda.cu lists them). */
+int kda_cuda_set_fusion(int on);
+/* The pairs fused in the list run last, by kind: counts[0] add+rmsnorm, [1] rmsnorm_bwd+add,
+ * [2] matmul+add, [3] cross_entropy+bwd. */
+int kda_cuda_fusion_counts(int *counts);
+
 /* Name of device 0 and its dense bf16 peak in FLOP/s from a small table (0 if unknown). */
 const char *kda_cuda_device_name(void);
 double kda_cuda_bf16_peak_flops(void);

@@ -128,6 +128,7 @@ int64_t kc_attention_scratch(const kda_exec_node *n);
 int kc_gemm_init(kc_ctx *c);              /* cuBLASLt handle + workspace, once */
 void kc_gemm_shutdown(void);
 int kc_matmul(const kda_exec_node *n, kc_ctx *c);
+int kc_matmul_add(const kda_exec_node *mm, const kda_exec_node *add, int addend, kc_ctx *c);
 
 int kc_binary(const kda_exec_node *n, kc_ctx *c);      /* ADD, MUL */
 int kc_unary(const kda_exec_node *n, kc_ctx *c);       /* SCALE, SILU, GELU, SIGMOID and bwds */
@@ -147,9 +148,13 @@ int kc_colsum(const kda_exec_node *n, kc_ctx *c, const void *x, int xdt, const v
               const float *rs, int64_t rows, int64_t d, void *o, int odt, float *scratch);
 int kc_rmsnorm(const kda_exec_node *n, kc_ctx *c);
 int kc_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c);
+/* Fusions of the backend's run list (backend_cuda.cu decides when they are safe). */
+int kc_add_rmsnorm(const kda_exec_node *add, const kda_exec_node *norm, kc_ctx *c);
+int kc_rmsnorm_bwd_add(const kda_exec_node *n, const kda_exec_node *add, int dx_input, kc_ctx *c);
 
 int kc_cross_entropy(const kda_exec_node *n, kc_ctx *c);
 int kc_cross_entropy_bwd(const kda_exec_node *n, kc_ctx *c);
+int kc_cross_entropy_fused(const kda_exec_node *n, const kda_exec_node *bwd, kc_ctx *c);
 int kc_sum(const kda_exec_node *n, kc_ctx *c);         /* SUM, MEAN */
 int kc_sum_rows(const kda_exec_node *n, kc_ctx *c);
 int kc_grad_norm(const kda_exec_node *n, kc_ctx *c);

@@ -10,37 +10,44 @@
 
 #define LN2F 0.69314718055994530942f
 
-/* ---- cross-entropy: one block per row ---------------------------------------------------- */
-__global__ void k_xent(const void *z, int zdt, const int32_t *tg, const void *dl, int ldt,
-                       void *o, int odt, int64_t v) {
+/* ---- cross-entropy: one block per row ----------------------------------------------------
+ * loss (when not NULL): the row's loss in bits; grad (when not NULL): dlogits = dl (softmax -
+ * onehot) / ln 2 with dl the row's dloss (dl != NULL) or the constant cdl. The plan's fused
+ * pair (kda_exec_node.fuse_offset) asks for both in one pass over the logits. */
+__global__ void k_xent(const void *z, int zdt, const int32_t *tg, int64_t v, void *loss, int ldt,
+                       const void *dl, int dldt, float cdl, void *grad, int gdt) {
   __shared__ float sh[32];
   int64_t row = blockIdx.x, base = row * v;
   float mx, s;
   kc_row_softmax_stats(z, zdt, base, v, sh, &mx, &s);
   int32_t t = tg[row];
   if (t < 0 || t >= v) t = 0;   /* as the CPU: a bad target reads column 0, never out of bounds */
-  if (!dl) {
-    if (threadIdx.x == 0) kc_st(o, odt, row, (logf(s) + mx - kc_ld(z, zdt, base + t)) / LN2F);
-    return;
-  }
-  float g = kc_ld(dl, ldt, row) / LN2F, inv = 1.0f / s;
+  if (loss && threadIdx.x == 0) kc_st(loss, ldt, row, (logf(s) + mx - kc_ld(z, zdt, base + t)) / LN2F);
+  if (!grad) return;
+  float g = (dl ? kc_ld(dl, dldt, row) : cdl) / LN2F, inv = 1.0f / s;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
     float p = expf(kc_ld(z, zdt, base + j) - mx) * inv * g;
-    kc_st(o, odt, base + j, j == t ? p - g : p);
+    kc_st(grad, gdt, base + j, j == t ? p - g : p);
   }
 }
 
-static int xent(const kda_exec_node *n, kc_ctx *c, int bwd) {
+static int xent(const kda_exec_node *n, kc_ctx *c, void *loss, const kda_tview *dl, float cdl,
+                const kda_tview *grad) {
   int64_t rows = n->in[0].shape[0], v = n->in[0].shape[1];
   int thr = v >= 1024 ? 512 : v >= 256 ? 256 : 128;
   k_xent<<<(unsigned)rows, thr, 0, c->stream>>>(
-      n->in[0].data, n->in[0].dtype, (const int32_t *)n->in[1].data, bwd ? n->in[2].data : NULL,
-      bwd ? n->in[2].dtype : KDA_F32, n->out.data, n->out.dtype, v);
+      n->in[0].data, n->in[0].dtype, (const int32_t *)n->in[1].data, v, loss, n->out.dtype,
+      dl ? dl->data : NULL, dl ? dl->dtype : KDA_F32, cdl, grad ? grad->data : NULL,
+      grad ? grad->dtype : KDA_F32);
   KC_LAUNCH_CHECK(n, "k_xent");
   return 0;
 }
-int kc_cross_entropy(const kda_exec_node *n, kc_ctx *c) { return xent(n, c, 0); }
-int kc_cross_entropy_bwd(const kda_exec_node *n, kc_ctx *c) { return xent(n, c, 1); }
+int kc_cross_entropy(const kda_exec_node *n, kc_ctx *c) { return xent(n, c, n->out.data, NULL, 0, NULL); }
+int kc_cross_entropy_bwd(const kda_exec_node *n, kc_ctx *c) { return xent(n, c, NULL, &n->in[2], 0, &n->out); }
+/* The loss and, with the constant dloss the plan found, the gradient of `bwd` (its node). */
+int kc_cross_entropy_fused(const kda_exec_node *n, const kda_exec_node *bwd, kc_ctx *c) {
+  return xent(n, c, n->out.data, NULL, n->fused_dloss, &bwd->out);
+}
 
 /* ---- full reductions over a list of tensors ---------------------------------------------- */
 #define RD_T 256

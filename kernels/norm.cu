@@ -99,12 +99,47 @@ int kc_rmsnorm(const kda_exec_node *n, kc_ctx *c) {
   return 0;
 }
 
+/* ---- residual add + RMSNorm: the backend's fusion of ADD(a, b) -> h and RMSNORM(h, w) -> y
+ * (a pre-norm block's residual stream and the next norm). h is stored and the norm reads it
+ * back as stored, with the forward kernel's thread count and order: the same bits as the two
+ * nodes apart. Saves a launch and a pass over h. */
+__global__ void k_add_rmsnorm(const void *a, int adt, const void *b, int bdt, void *h, int hdt,
+                              const void *w, int wdt, void *y, int ydt, int64_t d, float eps) {
+  __shared__ float sh[32];
+  const int64_t base = (int64_t)blockIdx.x * d;
+  float ss = 0.f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    kc_st(h, hdt, base + j, kc_ld(a, adt, base + j) + kc_ld(b, bdt, base + j));
+    float v = kc_ld(h, hdt, base + j);
+    ss += v * v;
+  }
+  ss = kc_block_sum(ss, sh);
+  float r = rsqrtf(ss / (float)d + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    kc_st(y, ydt, base + j, kc_ld(h, hdt, base + j) * r * kc_ld(w, wdt, j));
+}
+
+int kc_add_rmsnorm(const kda_exec_node *add, const kda_exec_node *norm, kc_ctx *c) {
+  const kda_tview *x = &norm->in[0];
+  int64_t d = kc_lastdim(x), rows = kc_numel(x) / d;
+  k_add_rmsnorm<<<(unsigned)rows, norm_threads(d), 0, c->stream>>>(
+      add->in[0].data, add->in[0].dtype, add->in[1].data, add->in[1].dtype, add->out.data,
+      add->out.dtype, norm->in[1].data, norm->in[1].dtype, norm->out.data, norm->out.dtype, d,
+      norm->fattr[0]);
+  KC_LAUNCH_CHECK(norm, "k_add_rmsnorm");
+  return 0;
+}
+
 /* ---- RMSNorm backward -------------------------------------------------------------------
  * Per row: r = 1/sqrt(mean(x^2)+eps), dx = r w dy - x r^3 mean(x w dy); r goes to scratch for
- * the dw column sum. Output packed in out's dtype: dx [N*D] then dw [D]. */
+ * the dw column sum. Output packed in out's dtype: dx [N*D] then dw [D].
+ * With res != NULL (the backend's fusion of the ADD that sums dx into the residual stream's
+ * gradient) also sum = res + dx as stored: the same bits as the ADD node, one launch and two
+ * passes fewer. */
 template <typename TX, typename TO>
 __global__ void k_rmsnorm_bwd(const TX *x, const void *w, int wdt, const TX *dy, TO *dx,
-                              float *rs, int64_t d, float eps) {
+                              float *rs, int64_t d, float eps, const void *res, int rdt,
+                              void *sum, int sdt) {
   __shared__ float sh[32];
   int64_t row = blockIdx.x;
   const TX *xi = x + row * d, *gi = dy + row * d;
@@ -119,16 +154,20 @@ __global__ void k_rmsnorm_bwd(const TX *x, const void *w, int wdt, const TX *dy,
   float r = rsqrtf(ss / (float)d + eps);
   float cc = dot / (float)d * r * r * r;
   if (threadIdx.x == 0) rs[row] = r;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-    dx[row * d + j] = kc_from_f<TO>(r * kc_ld(w, wdt, j) * kc_to_f(gi[j]) - kc_to_f(xi[j]) * cc);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    TO g = kc_from_f<TO>(r * kc_ld(w, wdt, j) * kc_to_f(gi[j]) - kc_to_f(xi[j]) * cc);
+    dx[row * d + j] = g;
+    if (sum) kc_st(sum, sdt, row * d + j, kc_ld(res, rdt, row * d + j) + kc_to_f(g));
+  }
 }
 
 template <typename TX, typename TO>
 static void launch_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c, int64_t rows, int64_t d,
-                               float *rs) {
+                               float *rs, const kda_tview *res, const kda_tview *sum) {
   k_rmsnorm_bwd<TX, TO><<<(unsigned)rows, norm_threads(d), 0, c->stream>>>(
       (const TX *)n->in[0].data, n->in[1].data, n->in[1].dtype, (const TX *)n->in[2].data,
-      (TO *)n->out.data, rs, d, n->fattr[0]);
+      (TO *)n->out.data, rs, d, n->fattr[0], res ? res->data : NULL, res ? res->dtype : KDA_F32,
+      sum ? sum->data : NULL, sum ? sum->dtype : KDA_F32);
 }
 
 int64_t kc_norm_scratch(const kda_exec_node *n) {
@@ -136,7 +175,8 @@ int64_t kc_norm_scratch(const kda_exec_node *n) {
   return KC_ALIGN(rows * (int64_t)sizeof(float)) + kc_colsum_scratch(rows, d);
 }
 
-int kc_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c) {
+static int rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c, const kda_tview *res,
+                       const kda_tview *sum) {
   const kda_tview *x = &n->in[0], *dy = &n->in[2];
   int64_t d = kc_lastdim(x), rows = kc_numel(x) / d;
   if (x->dtype != dy->dtype)
@@ -145,12 +185,19 @@ int kc_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c) {
   float *rs = (float *)c->scratch;
   float *part = (float *)((char *)c->scratch + KC_ALIGN(rows * (int64_t)sizeof(float)));
   int xb = x->dtype == KDA_BF16, ob = n->out.dtype == KDA_BF16;
-  if (xb && ob) launch_rmsnorm_bwd<__nv_bfloat16, __nv_bfloat16>(n, c, rows, d, rs);
-  else if (xb) launch_rmsnorm_bwd<__nv_bfloat16, float>(n, c, rows, d, rs);
-  else if (ob) launch_rmsnorm_bwd<float, __nv_bfloat16>(n, c, rows, d, rs);
-  else launch_rmsnorm_bwd<float, float>(n, c, rows, d, rs);
+  if (xb && ob) launch_rmsnorm_bwd<__nv_bfloat16, __nv_bfloat16>(n, c, rows, d, rs, res, sum);
+  else if (xb) launch_rmsnorm_bwd<__nv_bfloat16, float>(n, c, rows, d, rs, res, sum);
+  else if (ob) launch_rmsnorm_bwd<float, __nv_bfloat16>(n, c, rows, d, rs, res, sum);
+  else launch_rmsnorm_bwd<float, float>(n, c, rows, d, rs, res, sum);
   KC_LAUNCH_CHECK(n, "k_rmsnorm_bwd");
   void *dw = (char *)n->out.data + rows * d * kc_dsize(n->out.dtype);
   return kc_colsum(n, c, dy->data, dy->dtype, x->data, x->dtype, rs, rows, d, dw, n->out.dtype,
                    part);
+}
+
+int kc_rmsnorm_bwd(const kda_exec_node *n, kc_ctx *c) { return rmsnorm_bwd(n, c, NULL, NULL); }
+
+/* RMSNORM_BWD then the ADD of its dx (add's input 1 - dx_input) to the other addend. */
+int kc_rmsnorm_bwd_add(const kda_exec_node *n, const kda_exec_node *add, int dx_input, kc_ctx *c) {
+  return rmsnorm_bwd(n, c, &add->in[1 - dx_input], &add->out);
 }

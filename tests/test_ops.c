@@ -491,6 +491,30 @@ static void init_threads_equal_sequential(void) {
   free(got), free(want);
 }
 
+/* The normal init in pieces of odd sizes at odd offsets (as the CUDA upload fills its pinned
+ * buffers) == one fill of the whole, bit for bit, ranges starting or ending inside a pair too. */
+static void init_range_equals_whole(void) {
+  const int64_t n = 300001;
+  float *whole = malloc(n * sizeof(float)), *pieces = malloc(n * sizeof(float));
+  kda_fill_normal(whole, n, 12345, 0.02f);
+  static const int64_t sizes[] = {1, 3, 2, 70001, 5, 65537, 131071, 4, 7};
+  int64_t at = 0;
+  for (int k = 0; at < n; k++) {
+    int64_t c = sizes[k % 9] < n - at ? sizes[k % 9] : n - at;
+    kda_fill_normal_range(pieces + at, at, c, 12345, 0.02f);
+    at += c;
+  }
+  int ok = memcmp(whole, pieces, n * sizeof(float)) == 0;
+  for (int64_t first = 0; first < 9 && ok; first++)
+    for (int64_t count = 0; first + count <= 20 && ok; count++) {
+      float y[20];
+      kda_fill_normal_range(y, first, count, 12345, 0.02f);
+      ok = memcmp(y, whole + first, (size_t)count * sizeof(float)) == 0;
+    }
+  check(ok, "normal init in pieces at odd offsets == one fill, bit for bit", "values differ");
+  free(whole), free(pieces);
+}
+
 /* The CPU profile counts the nodes it ran per op (kda_plan_op_calls). */
 static void plan_op_calls(void) {
   kda_graph *g = kda_graph_new();
@@ -508,9 +532,41 @@ static void plan_op_calls(void) {
   kda_graph_free(g);
 }
 
+/* The plan pairs a mean loss's CROSS_ENTROPY with its backward (kda_exec_node.fuse_offset):
+ * the backward's buffer lives from the forward node on. A dloss known only at run time (a
+ * loss weighted by an input) is not paired. */
+static void plan_pairs_cross_entropy(void) {
+  for (int weighted = 0; weighted < 2; weighted++) {
+    kda_graph *g = kda_graph_new();
+    int64_t sx[2] = {4, 6}, sw[2] = {6, 5}, st[1] = {4};
+    int32_t x = kda_graph_input(g, "x", KDA_F32, 2, sx), t = kda_graph_input(g, "t", KDA_I32, 1, st);
+    int32_t wt = kda_graph_input(g, "wt", KDA_F32, 1, st);
+    int32_t w = kda_graph_param(g, "w", 2, sw, KDA_INIT_NORMAL, 0.1f, 0);
+    int32_t xw[2] = {x, w}, z = kda_graph_op(g, KDA_OP_MATMUL, 2, xw, NULL, NULL);
+    int32_t zt[2] = {z, t}, ce = kda_graph_op(g, KDA_OP_CROSS_ENTROPY, 2, zt, NULL, NULL), l = ce;
+    if (weighted) { int32_t cw[2] = {ce, wt}; l = kda_graph_op(g, KDA_OP_MUL, 2, cw, NULL, NULL); }
+    int32_t loss = kda_graph_op(g, KDA_OP_MEAN, 1, &l, NULL, NULL);
+    int ok = loss >= 0 && !kda_graph_backward(g, loss);
+    int32_t bwd = -1, first = -1, last = -1;
+    for (int32_t i = 0; i < kda_graph_nnodes(g); i++)
+      if (kda_graph_node_op(g, i) == KDA_OP_CROSS_ENTROPY_BWD) bwd = i;
+    kda_plan *p = ok ? kda_plan_build(g, KDA_BACKEND_CPU) : NULL;
+    ok = p && bwd >= 0 && kda_plan_node_live(p, bwd, &first, &last) == 0;
+    int want = weighted ? bwd : ce;
+    char nm[160];
+    snprintf(nm, sizeof nm, "plan: %s loss's cross-entropy backward buffer lives from node %d (got %d)",
+             weighted ? "a weighted" : "a mean", want, first);
+    check(ok && first == want, nm, ok ? "wrong lifetime" : kda_last_error());
+    kda_plan_free(p);
+    kda_graph_free(g);
+  }
+}
+
 int main(void) {
   init_threads_equal_sequential();
+  init_range_equals_whole();
   plan_op_calls();
+  plan_pairs_cross_entropy();
   fwd_matmul();
   fwd_rows();
   fwd_attention_rope();

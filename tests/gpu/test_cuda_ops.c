@@ -207,7 +207,7 @@ static void check_state(const opcase *c, double tol_also) {
   }
   int64_t on = kda_desc_numel(&od);
   float *cout = c->inplace ? hin[0] : calloc((size_t)on, 4);
-  kda_exec_node cn = {c->op, 0, c->nin, cin, {cout, KDA_F32, od.ndim, {1, 1, 1, 1}}, {0}, {0}};
+  kda_exec_node cn = {c->op, 0, c->nin, cin, {cout, KDA_F32, od.ndim, {1, 1, 1, 1}}, {0}, {0}, 0, 0, 0};
   memcpy(cn.out.shape, od.shape, sizeof cn.out.shape);
   memcpy(cn.iattr, c->ia, sizeof cn.iattr);
   memcpy(cn.fattr, c->fa, sizeof cn.fattr);
@@ -721,7 +721,7 @@ static void schedule_checks(void) {
         be->write(dst, st, sizeof st);
         kda_tview ct = {st, KDA_F32, 1, {8, 1, 1, 1}}, gt = ct;
         gt.data = dst;
-        kda_exec_node cn = {KDA_OP_SCHEDULE, i, 1, &ct, ct, {kind, warm, 100}, {3e-3f, 0.1f, 0.2f}};
+        kda_exec_node cn = {KDA_OP_SCHEDULE, i, 1, &ct, ct, {kind, warm, 100}, {3e-3f, 0.1f, 0.2f}, 0, 0, 0};
         kda_exec_node gn = cn;
         gn.in = &gt, gn.out = gt;
         kda_cpu_run_node(&cn);
@@ -835,7 +835,7 @@ static void guard_checks(void) {
     kda_tview cin[3] = {{st, KDA_F32, 1, {8, 1, 1, 1}}, {&l, KDA_F32, 1, {1, 1, 1, 1}}, {&g, KDA_F32, 1, {1, 1, 1, 1}}};
     kda_tview gin[3] = {cin[0], cin[1], cin[2]};
     gin[0].data = dst, gin[1].data = dl, gin[2].data = dg;
-    kda_exec_node cn = {KDA_OP_GUARD, (int32_t)i, 3, cin, cin[0], {10}, {seq[i].factor, 0.9f}};
+    kda_exec_node cn = {KDA_OP_GUARD, (int32_t)i, 3, cin, cin[0], {10}, {seq[i].factor, 0.9f}, 0, 0, 0};
     kda_exec_node gn = cn;
     gn.in = gin, gn.out = gin[0];
     kda_cpu_run_node(&cn);
@@ -944,7 +944,7 @@ static void decode_bad_pos_checks(void) {
     gbuf o = mk(KDA_BF16, 4, 1, 1, H, D, -1), r = mk(KDA_F32, 4, 1, 1, H, D, -1);
     be->write(p.d, &pos, 4);
     kda_tview in[6] = {tv(&q), tv(&q), tv(&q), tv(&kc), tv(&vc), tv(&p)}, rin[2] = {tv(&q), tv(&p)};
-    kda_exec_node nd[2] = {{KDA_OP_ATTN_DECODE, 0, 6, in, tv(&o), {0}, {0}}, {KDA_OP_ROPE, 1, 2, rin, tv(&r), {0}, {10000.f}}};
+    kda_exec_node nd[2] = {{KDA_OP_ATTN_DECODE, 0, 6, in, tv(&o), {0}, {0}, 0, 0, 0}, {KDA_OP_ROPE, 1, 2, rin, tv(&r), {0}, {10000.f}, 0, 0, 0}};
     int rc = be->run(nd, i ? 2 : 1, next_key++);
     float *ho = from_device(o.d, KDA_BF16, o.n), *hr = from_device(r.d, KDA_F32, r.n);
     float *hk = from_device(kc.d, KDA_F32, kc.n), *hv = from_device(vc.d, KDA_F32, vc.n);
@@ -1037,6 +1037,138 @@ static void decode_replay_checks(void) {
   for (int i = 0; i < NB; i++) { be->free(b[i].d); free(b[i].init); free(h[i]); }
 }
 
+/* ---- fused node pairs (backend_cuda.cu fuse_plan) ----------------------------------------
+ * A pre-norm block's pattern as one list: ADD -> RMSNORM, RMSNORM_BWD -> ADD of its dx,
+ * MATMUL -> ADD of the product, CROSS_ENTROPY paired with its backward (fuse_offset, as the
+ * plan sets it for a mean loss). Run fused (eager, captured, replayed) and with
+ * kda_cuda_set_fusion(0): both against the CPU; the norm and cross-entropy fusions equal the
+ * unfused nodes bit for bit (they store and re-read what the two nodes would), the GEMM's
+ * accumulated sum is rounded once instead of twice (1e-2). Then a list with two pairs a fusion
+ * would break: an ADD writing over its MATMUL's operand (the planner may do that: the operand
+ * dies at the MATMUL) and a product that a later node reads; neither may fuse. */
+enum { FR = 192, FD = 256, FV = 256 };
+enum { FX0, FM, FW, FH, FY, FDY, FPK, FRES, FS, FWM, FQ, FP, FO, FLOG, FTG, FLOSS, FDL, FDLOG, FNB };
+
+static void fused_list(kda_exec_node *n, kda_tview in[][3], const kda_tview *v) {
+  static const int ins[8][3] = {{FX0, FM}, {FH, FW}, {FH, FW, FDY}, {FRES, FPK}, {FS, FWM}, {FQ, FP},
+                                {FLOG, FTG}, {FLOG, FTG, FDL}};
+  static const int nin[8] = {2, 2, 3, 2, 2, 2, 2, 3}, outs[8] = {FH, FY, FPK, FS, FP, FO, FLOSS, FDLOG};
+  static const int ops[8] = {KDA_OP_ADD, KDA_OP_RMSNORM, KDA_OP_RMSNORM_BWD, KDA_OP_ADD,
+                             KDA_OP_MATMUL, KDA_OP_ADD, KDA_OP_CROSS_ENTROPY, KDA_OP_CROSS_ENTROPY_BWD};
+  memset(n, 0, 8 * sizeof *n);
+  for (int j = 0; j < 8; j++) {
+    for (int i = 0; i < nin[j]; i++) in[j][i] = v[ins[j][i]];
+    n[j].op = ops[j], n[j].id = j, n[j].nin = nin[j], n[j].in = in[j], n[j].out = v[outs[j]];
+  }
+  in[3][1] = reshape(v[FPK], 2, FR, FD);   /* the dx half of the packed gradient */
+  n[1].fattr[0] = n[2].fattr[0] = 1e-5f;
+  n[6].fuse_offset = 1, n[7].fuse_offset = -1, n[6].fused_dloss = 1.0f / FR;
+}
+
+static void fusion_checks(void) {
+  gbuf b[FNB];
+  int bf[FNB] = {[FX0] = 1, [FM] = 1, [FH] = 1, [FY] = 1, [FDY] = 1, [FPK] = 1, [FRES] = 1, [FS] = 1,
+                 [FQ] = 1, [FP] = 1, [FO] = 1, [FLOG] = 1, [FDLOG] = 1};
+  for (int i = 0; i < FNB; i++) {
+    int dt = bf[i] ? KDA_BF16 : KDA_F32, gen = G_NORMAL;
+    int64_t r = FR, c = FD;
+    if (i == FW) r = FD, c = 1, gen = G_POS;
+    if (i == FWM) r = FD, c = FD;
+    if (i == FLOG || i == FDLOG) c = FV;
+    if (i == FTG || i == FLOSS || i == FDL) c = 1;
+    if (i == FTG) dt = KDA_I32, gen = G_IDX;
+    if (i == FH || i == FY || i == FPK || i == FS || i == FP || i == FO || i == FLOSS || i == FDLOG) gen = -1;
+    b[i] = i == FPK ? mk(dt, 1, FR * FD + FD, 1, 1, 1, gen) : mk(dt, c == 1 ? 1 : 2, r, c, 1, 1, gen);
+  }
+  for (int i = 0; i < FR; i++) b[FDL].init[i] = 1.0f / FR;
+  upload(b[FDL].d, b[FDL].init, KDA_F32, FR);
+  kda_tview gv[FNB], cv[FNB];
+  float *h[FNB];
+  for (int i = 0; i < FNB; i++) {
+    h[i] = malloc((size_t)b[i].n * 4);
+    memcpy(h[i], b[i].init, (size_t)b[i].n * 4);
+    gv[i] = tv(&b[i]), cv[i] = gv[i];
+    cv[i].data = h[i], cv[i].dtype = b[i].dt == KDA_I32 ? KDA_I32 : KDA_F32;
+  }
+  kda_exec_node cn[8], gn[8];
+  kda_tview cin[8][3], gin[8][3];
+  fused_list(cn, cin, cv);
+  fused_list(gn, gin, gv);
+  int rc = 0;
+  for (int j = 0; j < 8 && !rc; j++) rc = kda_cpu_run_node(&cn[j]);
+  static const int outs[] = {FH, FY, FPK, FS, FO, FLOSS, FDLOG};
+  static const char *names[] = {"add+rmsnorm: h", "add+rmsnorm: y", "rmsnorm_bwd+add: dx, dw",
+                                "rmsnorm_bwd+add: sum", "matmul+add: sum", "cross_entropy+bwd: loss",
+                                "cross_entropy+bwd: dlogits"};
+  enum { NO = 7 };
+  float *unf[NO] = {0};
+  int key = next_key++;
+  const char *how[4] = {"unfused", "fused eager", "fused capture + launch", "fused replay"};
+  for (int call = 0; call < 4 && !rc; call++) {
+    if (call < 2 && kda_cuda_set_fusion(call)) rc = -1;
+    if (rc || be->run(gn, 8, call ? key : next_key++)) { rc = -1; break; }
+    if (call == 1) {
+      int k[4] = {0};
+      char nm[160];
+      rc = kda_cuda_fusion_counts(k);
+      snprintf(nm, sizeof nm, "fusion list: one pair of each kind fused (counts %d %d %d %d)", k[0], k[1], k[2], k[3]);
+      verdict(!rc && k[0] == 1 && k[1] == 1 && k[2] == 1 && k[3] == 1, "", nm, 0, 0);
+    }
+    for (int o = 0; o < NO; o++) {
+      gbuf *x = &b[outs[o]];
+      float *g = from_device(x->d, x->dt, x->n);
+      double e = rms_ratio(g, h[outs[o]], x->n);
+      char nm[160];
+      snprintf(nm, sizeof nm, "fusion list, %s: %s vs CPU", how[call], names[o]);
+      verdict(!isnan(e) && e <= 1e-2, "", nm, e, 1e-2);
+      if (call == 0) { unf[o] = g; continue; }
+      int exact = o != 4;   /* the GEMM epilogue rounds its sum once */
+      double d = rms_ratio(g, unf[o], x->n);
+      snprintf(nm, sizeof nm, "fusion list, %s: %s %s the unfused nodes", how[call], names[o],
+               exact ? "equals" : "within 1e-2 of");
+      verdict(exact ? !memcmp(g, unf[o], (size_t)x->n * 4) : !isnan(d) && d <= 1e-2, "", nm, d, exact ? 0 : 1e-2);
+      free(g);
+    }
+  }
+  if (rc) { printf("FAIL - fusion list: %s\n", kda_last_error()); nfail++; }
+  for (int o = 0; o < NO; o++) free(unf[o]);
+
+  /* a list no pair of which may fuse: node 1 writes over node 0's operand, node 3's product
+   * is read again by node 4 */
+  enum { NH = 5 };
+  const int hin[NH][2] = {{FS, FWM}, {FQ, FP}, {FM, FWM}, {FQ, FO}, {FO, FO}};
+  const int hout[NH] = {FP, FS, FO, FY, FH};
+  const int hop[NH] = {KDA_OP_MATMUL, KDA_OP_ADD, KDA_OP_MATMUL, KDA_OP_ADD, KDA_OP_ADD};
+  kda_tview hz_c[NH][2], hz_g[NH][2];
+  kda_exec_node hc[NH], hg[NH];
+  memset(hc, 0, sizeof hc);
+  for (int j = 0; j < NH; j++) {
+    for (int i = 0; i < 2; i++) hz_c[j][i] = cv[hin[j][i]], hz_g[j][i] = gv[hin[j][i]];
+    hc[j].op = hop[j], hc[j].id = j, hc[j].nin = 2, hc[j].in = hz_c[j], hc[j].out = cv[hout[j]];
+    hg[j] = hc[j], hg[j].in = hz_g[j], hg[j].out = gv[hout[j]];
+  }
+  int counts[4] = {0};
+  rc = kda_cuda_set_fusion(1);
+  for (int j = 0; j < NH && !rc; j++) rc = kda_cpu_run_node(&hc[j]);
+  if (rc || be->run(hg, NH, next_key++) || kda_cuda_fusion_counts(counts)) {
+    printf("FAIL - fusion hazard list: %s\n", kda_last_error());
+    nfail++;
+  } else {
+    char nm[160];
+    snprintf(nm, sizeof nm, "fusion hazards: no pair fused (counts %d %d %d %d)", counts[0], counts[1], counts[2], counts[3]);
+    verdict(!counts[0] && !counts[1] && !counts[2] && !counts[3], "", nm, 0, 0);
+    const int chk[3] = {FS, FY, FH};
+    for (int o = 0; o < 3; o++) {
+      float *g = from_device(b[chk[o]].d, b[chk[o]].dt, b[chk[o]].n);
+      double e = rms_ratio(g, h[chk[o]], b[chk[o]].n);
+      snprintf(nm, sizeof nm, "fusion hazards: node %d's output vs CPU", o == 0 ? 1 : o == 1 ? 3 : 4);
+      verdict(!isnan(e) && e <= 1e-2, "", nm, e, 1e-2);
+      free(g);
+    }
+  }
+  for (int i = 0; i < FNB; i++) { be->free(b[i].d); free(b[i].init); free(h[i]); }
+}
+
 int main(void) {
   be = kda_cuda_backend();
   if (!be) {
@@ -1058,6 +1190,7 @@ int main(void) {
   adamw_multi_checks();
   shadow_checks();
   graph_checks();
+  fusion_checks();
   rope_at_cases(KDA_F32, 2e-5);
   rope_at_cases(KDA_BF16, 1e-2);
   attn_decode_cases();
