@@ -6,13 +6,19 @@
  *   - tensor-core path: bf16 q/k/v, Dh 64 or 128, 16-byte aligned rows: mma.sync m16n8k16
  *     (bf16 in, fp32 accumulate), 64 queries x 64 keys per step, 4 warps of 16 query rows,
  *     S and P never leave registers (the C fragment of S is reused as the A fragment of P).
+ *     Tiles reach shared memory by cp.async, the next K/V tile copying during the current
+ *     one's math, and registers by ldmatrix (.trans for V). benches/cuda_ops_bench on an
+ *     H200: 197 TFLOP/s at (8,2048,16,128), 196 at (64,1024,12,64), from ~80-90 with plain
+ *     shared loads (one run, by a helper; to be re-measured).
  *   - generic path (any Dh <= 256, f32 or bf16): one warp per query row, fp32 SIMT.
  * Backward (ATTENTION_BWD), deterministic with no atomics (every output element has exactly
  * one writer, summing in a fixed order):
  *   - tensor-core path (bf16 q/k/v/dout, Dh 64/128): the forward kernel as a pre-pass writing
  *     lse and Dsum_i = dO_i . O_i (O never stored), then a dq pass over key tiles per query
- *     tile and a dk/dv pass over query tiles per key tile, mma.sync like the forward
- *     (see "tensor-core backward" below).
+ *     tile and a dk/dv pass over query tiles per key tile, mma.sync, ldmatrix and
+ *     double-buffered cp.async like the forward (see "tensor-core backward" below). Same
+ *     bench, fwd+bwd at 3.5x the forward's FLOPs: 147 TFLOP/s at (8,2048,16,128), 137 at
+ *     (64,1024,12,64); the backward alone ~130, from ~60 (one run; to be re-measured).
  *   - generic path (any Dh, f32 or bf16): 1. recompute O (f32, scratch) and lse with the
  *     forward; 2. Dsum; 3. dq, one warp per query row; 4. dk, dv, one warp per key row; fp32 SIMT.
  * KDA_ATTN_SIMPLE=1 forces the generic paths (forward and backward). */
@@ -259,9 +265,52 @@ static int fwd_simple(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B) {
   return 0;
 }
 
-/* ======================= tensor-core forward (mma.sync m16n8k16 bf16) ====================== */
-#define BQ 64
-#define BK 64
+/* ======================= tensor-core kernels (mma.sync m16n8k16 bf16) ======================
+ * Operands move global -> shared with cp.async (16 B per copy, no register round trip, so the
+ * next tile streams in while the current one is multiplied) and shared -> registers with
+ * ldmatrix (one instruction per four 8x8 fragments). Tiles are [rows][DH+8] bf16: the 16-byte
+ * pad shifts each row by 4 banks, so the eight 16-byte rows one ldmatrix phase reads fall in
+ * 32 distinct banks, and every row stays 16-byte aligned. Only data movement lives here: every
+ * accumulator sees the same mma sequence as with plain shared loads, so results are unchanged
+ * (fwd and bwd outputs bitwise equal to the plain-load kernels', checked on an H200). */
+#define BK 64   /* keys per forward step */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* 16 B global -> shared, async; ok = false reads nothing and writes 16 zero bytes (src-size 0). */
+__device__ __forceinline__ void cp_async16(void *s, const void *g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s)),
+               "l"(__cvta_generic_to_global(g)), "r"(ok ? 16 : 0));
+}
+/* 4 B global -> shared, async (.ca: .cg copies 16 B only); ok = false writes zero. */
+__device__ __forceinline__ void cp_async4(void *s, const void *g, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(s)),
+               "l"(__cvta_generic_to_global(g)), "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* All but this thread's N most recent groups have landed; a __syncthreads must follow before
+ * other threads read them. */
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait_group<0>(); }
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Register i of lane
+ * l = matrix i's row l/4, columns 2(l%4), 2(l%4)+1 (low half first): a pair along a stored row. */
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const __nv_bfloat16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+/* Transposed: register i of lane l = matrix i's rows 2(l%4), 2(l%4)+1 at column l/4 (low half
+ * first): a pair down a stored column. */
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const __nv_bfloat16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -274,21 +323,60 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *(uint32_t *)&v;
 }
-__device__ __forceinline__ uint32_t pack_u16(unsigned short lo, unsigned short hi) {
-  return (uint32_t)lo | ((uint32_t)hi << 16);
+
+/* mma.m16n8k16 fragments (g = lane/4, t = lane%4): A (16x16, row) a0..a3 = A[g][2t..],
+ * A[g+8][2t..], A[g][8+2t..], A[g+8][8+2t..]; B (16x8, col) b0, b1 = B[2t..][g], B[8+2t..][g];
+ * C c0..c3 = C[g][2t..], C[g+8][2t..]. Each pair is two consecutive k (A, B) or n (C) indices,
+ * the lower one in the low half. */
+
+/* A fragment at rows m0.., columns k0.. of a tile stored [m][k]: matrices (m0,k0) (m0+8,k0)
+ * (m0,k0+8) (m0+8,k0+8) are a0..a3, so lane l addresses row m0 + l%16, column k0 + 8(l/16). */
+template <int LD>
+__device__ __forceinline__ void ldsm_a(uint32_t *a, const __nv_bfloat16 *S, int m0, int k0,
+                                       int lane) {
+  ldmatrix_x4(a, S + (m0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+}
+/* B fragments of n-tiles n0 and n0+8 at k0.. from a tile stored [n][k] (K in S = Q K^T: B[k][n]
+ * = K[n][k], so b0 is a pair along stored row n0+g): matrices (n0,k0) (n0,k0+8) (n0+8,k0)
+ * (n0+8,k0+8) are b0, b1 of n0 then b0, b1 of n0+8. */
+template <int LD>
+__device__ __forceinline__ void ldsm_b_nk(uint32_t *b, const __nv_bfloat16 *S, int n0, int k0,
+                                          int lane) {
+  ldmatrix_x4(b, S + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+/* The same from a tile stored [k][n] (V in O = P V: b0 is a pair down stored column n0+g, so
+ * .trans): matrices at stored rows k0, k0+8 of columns n0 then n0+8, i.e. lane l addresses row
+ * k0 + l%16, column n0 + 8(l/16). */
+template <int LD>
+__device__ __forceinline__ void ldsm_b_kn(uint32_t *b, const __nv_bfloat16 *S, int n0, int k0,
+                                          int lane) {
+  ldmatrix_x4_trans(b, S + (k0 + (lane & 15)) * LD + n0 + (lane >> 4) * 8);
+}
+/* A fragment for k-step kk from the C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16). */
+__device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-/* Tile rows [r0, r0+64) of a [.,Dh] bf16 head slice (row stride rs) into s[64][DH+8], 16 B at
- * a time; rows past T are zero so masked keys multiply 0, never garbage. */
-template <int DH>
-__device__ __forceinline__ void load_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t rs,
-                                          int r0, int T) {
-  constexpr int LD = DH + 8, CPR = DH / 8;   /* 16-byte chunks per row */
-  for (int e = threadIdx.x; e < 64 * CPR; e += blockDim.x) {
-    int r = e / CPR, ch = e - r * CPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < T) v = *(const uint4 *)(g + (int64_t)(r0 + r) * rs + ch * 8);
-    *(uint4 *)(s + r * LD + ch * 8) = v;
+/* Issue (not wait for) the copy of rows [r0, r0+ROWS) of a [.,DH] bf16 head slice (row stride
+ * rs) into s[ROWS][DH+8] by NTH threads; rows past T are zero, so masked keys multiply 0. */
+template <int DH, int ROWS, int NTH>
+__device__ __forceinline__ void load_rows_async(__nv_bfloat16 *s, const __nv_bfloat16 *g,
+                                                int64_t rs, int r0, int T) {
+  constexpr int CPR = DH / 8, RSTEP = NTH / CPR;   /* 16-byte chunks per row; rows per pass */
+  static_assert(ROWS * CPR % NTH == 0 && NTH % CPR == 0, "whole rows per pass");
+  const int r = threadIdx.x / CPR, ch = threadIdx.x % CPR;
+  const __nv_bfloat16 *src = g + (int64_t)(r0 + r) * rs + ch * 8;
+  __nv_bfloat16 *dst = s + r * (DH + 8) + ch * 8;
+  /* a rolled loop: unrolled, the compiler keeps every pass's addresses live across the
+   * caller's loop, costing the mma code the registers that keep it spill-free */
+#pragma unroll 1
+  for (int rr = r0 + r; rr < r0 + ROWS; rr += RSTEP) {
+    cp_async16(dst, rr < T ? src : g, rr < T);
+    src += RSTEP * rs;
+    dst += RSTEP * (DH + 8);
   }
 }
 
@@ -300,66 +388,98 @@ template <> __device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16 
   *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x, y);
 }
 
-/* With dsum != NULL (the backward's pre-pass) O is not stored: each row's Dsum = dO . O is
+/* ---- forward ----
+ * Block = 4 warps x 16 query rows (BQ = 64), longest (last) query tiles first, over key tiles
+ * of 64. smem: Q (resident), K (two buffers), V (NV buffers), each 64 x (DH+8) bf16. K_{j+1}
+ * is copied while tile j is multiplied. With NV = 2 V_{j+1} travels with it and each tile
+ * needs one barrier; with NV = 1 V_j is copied while S_j and its softmax are computed and a
+ * second barrier publishes it for O += P V_j. Q fragments are re-read with ldmatrix per tile
+ * rather than held: at Dh 128 the 32 registers they would take are what keeps the kernel at
+ * 3 blocks an SM without spills.
+ * With dsum != NULL (the backward's pre-pass) O is not stored: each row's Dsum = dO . O is
  * taken from the fp32 accumulators instead (dout read at the thread's own O columns), so the
  * backward needs no O buffer and no separate Dsum kernel. */
+#define BQ 64
+/* NV 2 at Dh 64 (46 KB, 4 blocks an SM either way); NV 1 at Dh 128, where a second V buffer
+ * (85 KB) would cost the third block: measured 201 vs 189 TFLOP/s at (64,1024,12,64), 229 vs
+ * 219 at (16,2048,16,128). */
+template <int DH> struct fwd_cfg {
+  static constexpr int NV = DH == 64 ? 2 : 1;   /* V buffers */
+  static constexpr size_t smem = (size_t)(BQ + (2 + NV) * BK) * (DH + 8) * 2;
+  static constexpr int min_blocks = DH == 64 ? 4 : 3;
+};
+
+/* S = Q K^T for one 64-key tile: s[nt] gets the k-steps in order, as a single mma chain. */
+template <int DH>
+__device__ __forceinline__ void qk_tile(float (*s)[4], const __nv_bfloat16 *Qs,
+                                        const __nv_bfloat16 *Ks, int r0, int lane) {
+  constexpr int LD = DH + 8;
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < DH / 16; ks++) {
+    uint32_t qa[4];
+    ldsm_a<LD>(qa, Qs, r0, ks * 16, lane);
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+      uint32_t bf[4];
+      ldsm_b_nk<LD>(bf, Ks, np * 16, ks * 16, lane);
+      mma16816(s[2 * np], qa, bf[0], bf[1]);
+      mma16816(s[2 * np + 1], qa, bf[2], bf[3]);
+    }
+  }
+}
+
 template <int DH, typename TO>
-__global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
-                                                      const __nv_bfloat16 *k,
-                                                      const __nv_bfloat16 *v, TO *o, float *lse,
-                                                      int T, int H, float scale,
-                                                      const __nv_bfloat16 *dout, float *dsum) {
-  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8;
+__global__ void __launch_bounds__(128, fwd_cfg<DH>::min_blocks)
+    k_attn_fwd_mma(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, TO *o,
+                   float *lse, int T, int H, float scale, const __nv_bfloat16 *dout, float *dsum) {
+  constexpr int LD = DH + 8, ND = DH / 8, NV = fwd_cfg<DH>::NV, TILE = BK * LD;
   extern __shared__ __align__(16) unsigned char smraw[];
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD;
-  const int qb = (gridDim.x - 1 - blockIdx.x) * BQ;   /* longest (last) query tiles first */
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Kb = Qs + BQ * LD, *Vb = Kb + 2 * TILE;
+  const int qb = (gridDim.x - 1 - blockIdx.x) * BQ;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  load_tile<DH>(Qs, q + base, rs, qb, T);
-  __syncthreads();
-  uint32_t qf[NKS][4];
+  const int kend = min(T, qb + BQ);
+  load_rows_async<DH, BQ, 128>(Qs, q + base, rs, qb, T);
+  load_rows_async<DH, BK, 128>(Kb, k + base, rs, 0, T);
+  if (NV == 2) load_rows_async<DH, BK, 128>(Vb, v + base, rs, 0, T);
+  cp_async_commit();
   const int r0 = warp * 16;
-#pragma unroll
-  for (int ks = 0; ks < NKS; ks++) {
-    qf[ks][0] = *(const uint32_t *)&Qs[(r0 + g) * LD + ks * 16 + 2 * t4];
-    qf[ks][1] = *(const uint32_t *)&Qs[(r0 + g + 8) * LD + ks * 16 + 2 * t4];
-    qf[ks][2] = *(const uint32_t *)&Qs[(r0 + g) * LD + ks * 16 + 8 + 2 * t4];
-    qf[ks][3] = *(const uint32_t *)&Qs[(r0 + g + 8) * LD + ks * 16 + 8 + 2 * t4];
-  }
   float oacc[ND][4];
 #pragma unroll
   for (int d = 0; d < ND; d++) oacc[d][0] = oacc[d][1] = oacc[d][2] = oacc[d][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const float sl2 = scale * LOG2E;
   const int row0 = qb + r0 + g, row1 = row0 + 8;
-  const int kend = min(T, qb + BQ);
   for (int kb = 0; kb < kend; kb += BK) {
-    __syncthreads();   /* every warp is done with the previous K/V tile */
-    load_tile<DH>(Ks, k + base, rs, kb, T);
-    load_tile<DH>(Vs, v + base, rs, kb, T);
-    __syncthreads();
-    float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < NKS; ks++) {
-        uint32_t b0 = *(const uint32_t *)&Ks[(nt * 8 + g) * LD + ks * 16 + 2 * t4];
-        uint32_t b1 = *(const uint32_t *)&Ks[(nt * 8 + g) * LD + ks * 16 + 8 + 2 * t4];
-        mma16816(s[nt], qf[ks], b0, b1);
-      }
+    const int st = (kb / BK) & 1;   /* this tile's K (and, NV 2, V) buffer */
+    const __nv_bfloat16 *Ks = Kb + st * TILE, *Vs = Vb + (NV == 2 ? st : 0) * TILE;
+    cp_async_wait_all();
+    __syncthreads();   /* tile kb landed (V too with NV 2); every warp is done with the others */
+    if (NV == 1) {
+      load_rows_async<DH, BK, 128>(Vb, v + base, rs, kb, T);
+      cp_async_commit();
     }
+    const bool more = kb + BK < kend;
+    if (more) {
+      load_rows_async<DH, BK, 128>(Kb + (st ^ 1) * TILE, k + base, rs, kb + BK, T);
+      if (NV == 2) load_rows_async<DH, BK, 128>(Vb + (st ^ 1) * TILE, v + base, rs, kb + BK, T);
+      cp_async_commit();
+    }
+    float s[8][4];
+    qk_tile<DH>(s, Qs, Ks, r0, lane);
     /* scale into log2 units, mask (causal and past T), row max over the quad */
     float mx0 = m0, mx1 = m1;
-    const bool diag = kb + BK > qb;   /* only tiles touching the diagonal or T need masks */
+    const bool mask = kb + BK > qb || kb + BK > T;   /* tiles touching the diagonal or T */
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         int key = kb + nt * 8 + 2 * t4 + e;
         float x0 = s[nt][e] * sl2, x1 = s[nt][2 + e] * sl2;
-        if (diag || kb + BK > T) {
+        if (mask) {
           if (key > row0 || key >= T) x0 = -INFINITY;
           if (key > row1 || key >= T) x1 = -INFINITY;
         }
@@ -392,20 +512,22 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
       l0 += s[nt][0] + s[nt][1];
       l1 += s[nt][2] + s[nt][3];
     }
+    if (NV == 1) {   /* V_kb landed (K_{kb+64} may still be in flight), then published */
+      if (more) cp_async_wait_group<1>();
+      else cp_async_wait_group<0>();
+      __syncthreads();
+    }
     /* O += P V: the C fragments of S tiles (2j, 2j+1) are the A fragment of P's k-step j */
-    const unsigned short *Vu = (const unsigned short *)Vs;
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
-      uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const int kr = kk * 16 + 2 * t4;
+      uint32_t pa[4];
+      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        const int col = d * 8 + g;
-        uint32_t b0 = pack_u16(Vu[kr * LD + col], Vu[(kr + 1) * LD + col]);
-        uint32_t b1 = pack_u16(Vu[(kr + 8) * LD + col], Vu[(kr + 9) * LD + col]);
-        mma16816(oacc[d], pa, b0, b1);
+      for (int dp = 0; dp < ND / 2; dp++) {
+        uint32_t bf[4];
+        ldsm_b_kn<LD>(bf, Vs, dp * 16, kk * 16, lane);
+        mma16816(oacc[2 * dp], pa, bf[0], bf[1]);
+        mma16816(oacc[2 * dp + 1], pa, bf[2], bf[3]);
       }
     }
   }
@@ -448,14 +570,16 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(const __nv_bfloat16 *q,
   }
 }
 
+/* Forward launch (dsum != NULL: the backward's pre-pass, o unused). */
 template <int DH, typename TO>
-static int launch_fwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B, TO *o) {
-  size_t smem = (size_t)(BQ + 2 * BK) * (DH + 8) * 2;
+static int launch_fwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B, TO *o,
+                          const __nv_bfloat16 *dout = NULL) {
+  const size_t smem = fwd_cfg<DH>::smem;
   RAISE_SMEM((k_attn_fwd_mma<DH, TO>), smem);
   dim3 grid((unsigned)((a.T + BQ - 1) / BQ), (unsigned)(B * a.H));
   k_attn_fwd_mma<DH, TO><<<grid, 128, smem, c->stream>>>(
       (const __nv_bfloat16 *)a.q, (const __nv_bfloat16 *)a.k, (const __nv_bfloat16 *)a.v, o,
-      a.lse, a.T, a.H, a.scale, (const __nv_bfloat16 *)NULL, (float *)NULL);
+      a.lse, a.T, a.H, a.scale, dout, dout ? a.dsum : (float *)NULL);
   KC_LAUNCH_CHECK(n, "k_attn_fwd_mma");
   return 0;
 }
@@ -471,74 +595,32 @@ static int launch_fwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t 
  * S and dP are recomputed in both passes (9 matrix products per tile pair over the whole
  * backward against FA2's 5 with atomics); P and dS are rounded to bf16 for their products,
  * as in FA2, everything else accumulates in fp32. 4 warps of 16 rows each; the C fragments
- * of S/dS are reused as A fragments (the forward's trick), operands read from padded shared
- * memory with the same (verified) fragment patterns as the forward.
- * Predicted (8,2048,16,128) fwd+bwd: 70.8 ms -> ~12 ms (bwd ~ 9 forward-sized products at the
- * forward's ~70 TFLOP/s) — predicted; to be measured. */
-
-/* Rows [r0, r0+ROWS) of a [.,DH] bf16 head slice into s[ROWS][DH+8]; rows past T are zero. */
-template <int DH, int ROWS>
-__device__ __forceinline__ void load_rows_bf16(__nv_bfloat16 *s, const __nv_bfloat16 *g,
-                                               int64_t rs, int r0, int T) {
-  constexpr int LD = DH + 8, CPR = DH / 8;
-  for (int e = threadIdx.x; e < ROWS * CPR; e += blockDim.x) {
-    int r = e / CPR, ch = e - r * CPR;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < T) v = *(const uint4 *)(g + (int64_t)(r0 + r) * rs + ch * 8);
-    *(uint4 *)(s + r * LD + ch * 8) = v;
-  }
-}
-/* A fragment (16 x 16) of a row-major [m][k] smem tile: rows m0.., columns k0.. */
-template <int LD>
-__device__ __forceinline__ void frag_a(uint32_t *a, const __nv_bfloat16 *S, int m0, int k0, int g,
-                                       int t4) {
-  a[0] = *(const uint32_t *)&S[(m0 + g) * LD + k0 + 2 * t4];
-  a[1] = *(const uint32_t *)&S[(m0 + g + 8) * LD + k0 + 2 * t4];
-  a[2] = *(const uint32_t *)&S[(m0 + g) * LD + k0 + 8 + 2 * t4];
-  a[3] = *(const uint32_t *)&S[(m0 + g + 8) * LD + k0 + 8 + 2 * t4];
-}
-/* B fragment (k16 x n8) of a tile stored [n][k] (K in S = Q K^T): two 32-bit loads. */
-template <int LD>
-__device__ __forceinline__ void frag_b_nk(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *S,
-                                          int n0, int k0, int g, int t4) {
-  b0 = *(const uint32_t *)&S[(n0 + g) * LD + k0 + 2 * t4];
-  b1 = *(const uint32_t *)&S[(n0 + g) * LD + k0 + 8 + 2 * t4];
-}
-/* B fragment of a tile stored [k][n] (V in O = P V): four 16-bit loads. */
-template <int LD>
-__device__ __forceinline__ void frag_b_kn(uint32_t &b0, uint32_t &b1, const __nv_bfloat16 *S,
-                                          int n0, int k0, int g, int t4) {
-  const unsigned short *U = (const unsigned short *)S;
-  const int kr = k0 + 2 * t4, col = n0 + g;
-  b0 = pack_u16(U[kr * LD + col], U[(kr + 1) * LD + col]);
-  b1 = pack_u16(U[(kr + 8) * LD + col], U[(kr + 9) * LD + col]);
-}
-/* A fragment for k-step kk from C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16). */
-__device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
-  a[0] = pack_bf16(c0[0], c0[1]);
-  a[1] = pack_bf16(c0[2], c0[3]);
-  a[2] = pack_bf16(c1[0], c1[1]);
-  a[3] = pack_bf16(c1[2], c1[3]);
-}
+ * of S/dS are reused as A fragments (the forward's trick). Operands: A of S, dP (Q, dO in dq;
+ * K, V in dkdv) via ldsm_a; B of S, dP (K, V in dq; Q, dO in dkdv: stored [n][k]) via
+ * ldsm_b_nk; B of the accumulating products (K in dq; dO, Q in dkdv: stored [k][n]) via
+ * ldsm_b_kn. The streamed tiles (K/V in dq, Q/dO/lse/Dsum in dkdv) are double-buffered with
+ * cp.async, the next tile copying while the current one is multiplied. */
 
 /* dq_i = scale sum_{j<=i} dS_ij k_j: block = 64 query rows (longest first), 4 warps x 16 rows.
- * smem: Q, dO (resident), K, V (per key tile), each 64 x (DH+8) bf16. */
+ * smem: Q, dO (resident), then two stages of K, V, all 64 x (DH+8) bf16 (6 tiles: at Dh 128
+ * 2 blocks an SM; 32-key stages for 3 blocks measured no faster). */
 template <int DH, typename TO>
-__global__ void __launch_bounds__(128) k_attn_dq_mma(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                                                     const __nv_bfloat16 *v,
-                                                     const __nv_bfloat16 *dout, const float *lse,
-                                                     const float *dsum, TO *dq, int T, int H,
-                                                     float scale) {
-  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8;
+__global__ void __launch_bounds__(128, DH == 64 ? 4 : 2)
+    k_attn_dq_mma(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                  const __nv_bfloat16 *dout, const float *lse, const float *dsum, TO *dq, int T,
+                  int H, float scale) {
+  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8, NK = 64, NT = NK / 8, STG = 2 * NK * LD;
   extern __shared__ __align__(16) unsigned char smraw[];
-  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Os = Qs + 64 * LD, *Ks = Os + 64 * LD,
-                *Vs = Ks + 64 * LD;
+  __nv_bfloat16 *Qs = (__nv_bfloat16 *)smraw, *Os = Qs + 64 * LD, *kv = Os + 64 * LD;
   const int qb = (gridDim.x - 1 - blockIdx.x) * 64;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  load_rows_bf16<DH, 64>(Qs, q + base, rs, qb, T);
-  load_rows_bf16<DH, 64>(Os, dout + base, rs, qb, T);
+  load_rows_async<DH, 64, 128>(Qs, q + base, rs, qb, T);
+  load_rows_async<DH, 64, 128>(Os, dout + base, rs, qb, T);
+  load_rows_async<DH, NK, 128>(kv, k + base, rs, 0, T);
+  load_rows_async<DH, NK, 128>(kv + NK * LD, v + base, rs, 0, T);
+  cp_async_commit();
   const int r0 = warp * 16, row0 = qb + r0 + g, row1 = row0 + 8;
   const float sl2 = scale * LOG2E;
   const float lse0 = row0 < T ? lse[(int64_t)bh * T + row0] * LOG2E : 0.f;
@@ -549,35 +631,42 @@ __global__ void __launch_bounds__(128) k_attn_dq_mma(const __nv_bfloat16 *q, con
 #pragma unroll
   for (int d = 0; d < ND; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
   const int kend = min(T, qb + 64);
-  for (int kb = 0; kb < kend; kb += 64) {
-    __syncthreads();   /* every warp is done with the previous K/V tile */
-    load_rows_bf16<DH, 64>(Ks, k + base, rs, kb, T);
-    load_rows_bf16<DH, 64>(Vs, v + base, rs, kb, T);
-    __syncthreads();
+  for (int kb = 0, st = 0; kb < kend; kb += NK, st ^= 1) {
+    cp_async_wait_all();
+    __syncthreads();   /* tile kb is in stage st; every warp is done with the other stage */
+    if (kb + NK < kend) {
+      __nv_bfloat16 *nx = kv + (st ^ 1) * STG;
+      load_rows_async<DH, NK, 128>(nx, k + base, rs, kb + NK, T);
+      load_rows_async<DH, NK, 128>(nx + NK * LD, v + base, rs, kb + NK, T);
+      cp_async_commit();
+    }
     if (qb + r0 >= T) continue;   /* this warp's rows are all past T (uniform per warp) */
-    float s[8][4], dp[8][4];
+    const __nv_bfloat16 *Ks = kv + st * STG, *Vs = Ks + NK * LD;
+    float s[NT][4], dp[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < NKS; ks++) {
       uint32_t qa[4], oa[4];
-      frag_a<LD>(qa, Qs, r0, ks * 16, g, t4);
-      frag_a<LD>(oa, Os, r0, ks * 16, g, t4);
+      ldsm_a<LD>(qa, Qs, r0, ks * 16, lane);
+      ldsm_a<LD>(oa, Os, r0, ks * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < 8; nt++) {
-        uint32_t b0, b1;
-        frag_b_nk<LD>(b0, b1, Ks, nt * 8, ks * 16, g, t4);
-        mma16816(s[nt], qa, b0, b1);
-        frag_b_nk<LD>(b0, b1, Vs, nt * 8, ks * 16, g, t4);
-        mma16816(dp[nt], oa, b0, b1);
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t bf[4];
+        ldsm_b_nk<LD>(bf, Ks, np * 16, ks * 16, lane);
+        mma16816(s[2 * np], qa, bf[0], bf[1]);
+        mma16816(s[2 * np + 1], qa, bf[2], bf[3]);
+        ldsm_b_nk<LD>(bf, Vs, np * 16, ks * 16, lane);
+        mma16816(dp[2 * np], oa, bf[0], bf[1]);
+        mma16816(dp[2 * np + 1], oa, bf[2], bf[3]);
       }
     }
     /* dS = P (dP - Dsum) into s; masked (causal, keys past T) entries are exactly 0 */
-    const bool mask = kb + 64 > qb || kb + 64 > T;
+    const bool mask = kb + NK > qb || kb + NK > T;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int key = kb + nt * 8 + 2 * t4 + e;
@@ -589,16 +678,17 @@ __global__ void __launch_bounds__(128) k_attn_dq_mma(const __nv_bfloat16 *q, con
         s[nt][e] = p0 * (dp[nt][e] - ds0);
         s[nt][2 + e] = p1 * (dp[nt][2 + e] - ds1);
       }
-    /* dQ += dS K (k = the 64 keys of the tile) */
+    /* dQ += dS K (k = the NK keys of the tile) */
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
+    for (int kk = 0; kk < NT / 2; kk++) {
       uint32_t a[4];
       c_to_a(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        uint32_t b0, b1;
-        frag_b_kn<LD>(b0, b1, Ks, d * 8, kk * 16, g, t4);
-        mma16816(acc[d], a, b0, b1);
+      for (int dp2 = 0; dp2 < ND / 2; dp2++) {
+        uint32_t bf[4];
+        ldsm_b_kn<LD>(bf, Ks, dp2 * 16, kk * 16, lane);
+        mma16816(acc[2 * dp2], a, bf[0], bf[1]);
+        mma16816(acc[2 * dp2 + 1], a, bf[2], bf[3]);
       }
     }
   }
@@ -610,28 +700,45 @@ __global__ void __launch_bounds__(128) k_attn_dq_mma(const __nv_bfloat16 *q, con
   }
 }
 
+/* Issue the copies of one dk/dv query stage: Q and dO rows [qb, qb+NQ), raw lse and Dsum of
+ * those rows (zero past T). */
+template <int DH, int NQ>
+__device__ __forceinline__ void load_query_stage(__nv_bfloat16 *Qs, float *lr,
+                                                 const __nv_bfloat16 *q, const __nv_bfloat16 *dout,
+                                                 const float *lse, const float *dsum, int64_t rs,
+                                                 int64_t bhT, int qb, int T) {
+  constexpr int LD = DH + 8;
+  load_rows_async<DH, NQ, 128>(Qs, q, rs, qb, T);
+  load_rows_async<DH, NQ, 128>(Qs + NQ * LD, dout, rs, qb, T);
+  if (threadIdx.x < NQ) {
+    const int i = qb + threadIdx.x;
+    const int64_t at = bhT + (i < T ? i : 0);
+    cp_async4(lr + threadIdx.x, lse + at, i < T);
+    cp_async4(lr + NQ + threadIdx.x, dsum + at, i < T);
+  }
+}
+
 /* dv_j = sum_{i>=j} P_ij dO_i, dk_j = scale sum_{i>=j} dS_ij q_i: block = 64 key rows (the
  * first key tiles see the most query tiles and are launched first), 4 warps x 16 keys; the
- * query tiles (NQ rows) stream through smem. smem: K, V (resident, 64 rows), Q, dO (NQ rows),
- * then lse (log2 units) and Dsum for the NQ queries. */
+ * query tiles (NQ rows) stream through smem in two stages. smem: K, V (resident, 64 rows),
+ * two stages of Q, dO (NQ rows each), then two stages of lse (natural log, raw) and Dsum. */
 template <int DH, int NQ, typename TO>
-__global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
-                                                       const __nv_bfloat16 *k,
-                                                       const __nv_bfloat16 *v,
-                                                       const __nv_bfloat16 *dout,
-                                                       const float *lse, const float *dsum,
-                                                       TO *dk, TO *dv, int T, int H, float scale) {
-  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8, NT = NQ / 8;
+__global__ void __launch_bounds__(128, DH == 64 ? 3 : 2)
+    k_attn_dkdv_mma(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                    const __nv_bfloat16 *dout, const float *lse, const float *dsum, TO *dk, TO *dv,
+                    int T, int H, float scale) {
+  constexpr int LD = DH + 8, NKS = DH / 16, ND = DH / 8, NT = NQ / 8, STG = 2 * NQ * LD;
   extern __shared__ __align__(16) unsigned char smraw[];
-  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smraw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD,
-                *Os = Qs + NQ * LD;
-  float *ls = (float *)(Os + NQ * LD), *dss = ls + NQ;
+  __nv_bfloat16 *Ks = (__nv_bfloat16 *)smraw, *Vs = Ks + 64 * LD, *qo = Vs + 64 * LD;
+  float *lrs = (float *)(qo + 2 * STG);   /* stage s: lse at lrs + 2 NQ s, Dsum NQ further */
   const int kb = blockIdx.x * 64;
   const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH;
+  const int64_t rs = (int64_t)H * DH, base = ((int64_t)b * T * H + h) * DH, bhT = (int64_t)bh * T;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  load_rows_bf16<DH, 64>(Ks, k + base, rs, kb, T);
-  load_rows_bf16<DH, 64>(Vs, v + base, rs, kb, T);
+  load_rows_async<DH, 64, 128>(Ks, k + base, rs, kb, T);
+  load_rows_async<DH, 64, 128>(Vs, v + base, rs, kb, T);
+  load_query_stage<DH, NQ>(qo, lrs, q + base, dout + base, lse, dsum, rs, bhT, kb, T);
+  cp_async_commit();
   const int r0 = warp * 16, key0 = kb + r0 + g, key1 = key0 + 8;
   const float sl2 = scale * LOG2E;
   float dka[ND][4], dva[ND][4];
@@ -639,18 +746,18 @@ __global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
   for (int d = 0; d < ND; d++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dka[d][e] = dva[d][e] = 0.f;
-  for (int qb = kb; qb < T; qb += NQ) {
-    __syncthreads();   /* every warp is done with the previous Q/dO tile */
-    load_rows_bf16<DH, NQ>(Qs, q + base, rs, qb, T);
-    load_rows_bf16<DH, NQ>(Os, dout + base, rs, qb, T);
-    if (threadIdx.x < NQ) {
-      const int i = qb + threadIdx.x;
-      ls[threadIdx.x] = i < T ? lse[(int64_t)bh * T + i] * LOG2E : 0.f;
-      dss[threadIdx.x] = i < T ? dsum[(int64_t)bh * T + i] : 0.f;
+  for (int qb = kb, st = 0; qb < T; qb += NQ, st ^= 1) {
+    cp_async_wait_all();
+    __syncthreads();   /* query tile qb is in stage st; every warp is done with the other stage */
+    if (qb + NQ < T) {
+      load_query_stage<DH, NQ>(qo + (st ^ 1) * STG, lrs + (st ^ 1) * 2 * NQ, q + base, dout + base,
+                               lse, dsum, rs, bhT, qb + NQ, T);
+      cp_async_commit();
     }
-    __syncthreads();
     /* uniform per warp: the warp's keys are past T, or every query of the tile precedes them */
     if (kb + r0 >= T || qb + NQ - 1 < kb + r0) continue;
+    const __nv_bfloat16 *Qs = qo + st * STG, *Os = Qs + NQ * LD;
+    const float *ls = lrs + st * 2 * NQ, *dss = ls + NQ;
     float s[NT][4], dp[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -659,15 +766,17 @@ __global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
 #pragma unroll
     for (int ks = 0; ks < NKS; ks++) {
       uint32_t ka[4], va[4];
-      frag_a<LD>(ka, Ks, r0, ks * 16, g, t4);
-      frag_a<LD>(va, Vs, r0, ks * 16, g, t4);
+      ldsm_a<LD>(ka, Ks, r0, ks * 16, lane);
+      ldsm_a<LD>(va, Vs, r0, ks * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        uint32_t b0, b1;
-        frag_b_nk<LD>(b0, b1, Qs, nt * 8, ks * 16, g, t4);
-        mma16816(s[nt], ka, b0, b1);    /* S^T: rows keys, columns queries */
-        frag_b_nk<LD>(b0, b1, Os, nt * 8, ks * 16, g, t4);
-        mma16816(dp[nt], va, b0, b1);   /* dP^T */
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t bf[4];
+        ldsm_b_nk<LD>(bf, Qs, np * 16, ks * 16, lane);
+        mma16816(s[2 * np], ka, bf[0], bf[1]);       /* S^T: rows keys, columns queries */
+        mma16816(s[2 * np + 1], ka, bf[2], bf[3]);
+        ldsm_b_nk<LD>(bf, Os, np * 16, ks * 16, lane);
+        mma16816(dp[2 * np], va, bf[0], bf[1]);      /* dP^T */
+        mma16816(dp[2 * np + 1], va, bf[2], bf[3]);
       }
     }
     /* P^T into s, dS^T into dp; masked (causal, queries past T) entries are exactly 0 */
@@ -677,7 +786,8 @@ __global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int c = nt * 8 + 2 * t4 + e, qi = qb + c;
-        const float l = ls[c], dd = dss[c];
+        /* lse in log2 units, rounded once as a stored product (__fmul_rn: never fused) */
+        const float l = __fmul_rn(ls[c], LOG2E), dd = dss[c];
         float p0 = exp2f(s[nt][e] * sl2 - l), p1 = exp2f(s[nt][2 + e] * sl2 - l);
         if (mask) {
           if (qi < key0 || qi >= T) p0 = 0.f;
@@ -695,12 +805,14 @@ __global__ void __launch_bounds__(128) k_attn_dkdv_mma(const __nv_bfloat16 *q,
       c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
       c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        uint32_t b0, b1;
-        frag_b_kn<LD>(b0, b1, Os, d * 8, kk * 16, g, t4);
-        mma16816(dva[d], pa, b0, b1);
-        frag_b_kn<LD>(b0, b1, Qs, d * 8, kk * 16, g, t4);
-        mma16816(dka[d], da, b0, b1);
+      for (int d2 = 0; d2 < ND / 2; d2++) {
+        uint32_t bf[4];
+        ldsm_b_kn<LD>(bf, Os, d2 * 16, kk * 16, lane);
+        mma16816(dva[2 * d2], pa, bf[0], bf[1]);
+        mma16816(dva[2 * d2 + 1], pa, bf[2], bf[3]);
+        ldsm_b_kn<LD>(bf, Qs, d2 * 16, kk * 16, lane);
+        mma16816(dka[2 * d2], da, bf[0], bf[1]);
+        mma16816(dka[2 * d2 + 1], da, bf[2], bf[3]);
       }
     }
   }
@@ -729,20 +841,16 @@ static int launch_bwd_mma(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t 
                       *v = (const __nv_bfloat16 *)a.v, *dout = (const __nv_bfloat16 *)a.dout;
   const unsigned tiles = (unsigned)((a.T + 63) / 64), bh = (unsigned)(B * a.H);
   /* 1. lse and Dsum (the forward, O kept in registers) */
-  size_t smem_f = (size_t)(BQ + 2 * BK) * (DH + 8) * 2;
-  RAISE_SMEM((k_attn_fwd_mma<DH, __nv_bfloat16>), smem_f);
-  k_attn_fwd_mma<DH, __nv_bfloat16><<<dim3(tiles, bh), 128, smem_f, c->stream>>>(
-      q, k, v, (__nv_bfloat16 *)NULL, a.lse, a.T, a.H, a.scale, dout, a.dsum);
-  KC_LAUNCH_CHECK(n, "k_attn_fwd_mma (backward pre-pass)");
+  if (launch_fwd_mma<DH>(n, c, a, B, (__nv_bfloat16 *)NULL, dout)) return -1;
   /* 2. dq */
-  size_t smem_q = (size_t)4 * 64 * (DH + 8) * 2;
+  size_t smem_q = (size_t)6 * 64 * (DH + 8) * 2;
   RAISE_SMEM((k_attn_dq_mma<DH, TO>), smem_q);
   k_attn_dq_mma<DH, TO><<<dim3(tiles, bh), 128, smem_q, c->stream>>>(
       q, k, v, dout, a.lse, a.dsum, out, a.T, a.H, a.scale);
   KC_LAUNCH_CHECK(n, "k_attn_dq_mma");
   /* 3. dk, dv */
   constexpr int NQ = dkdv_nq<DH>::value;
-  size_t smem_kv = (size_t)(2 * 64 + 2 * NQ) * (DH + 8) * 2 + 2 * NQ * sizeof(float);
+  size_t smem_kv = (size_t)(2 * 64 + 4 * NQ) * (DH + 8) * 2 + 4 * NQ * sizeof(float);
   RAISE_SMEM((k_attn_dkdv_mma<DH, NQ, TO>), smem_kv);
   k_attn_dkdv_mma<DH, NQ, TO><<<dim3(tiles, bh), 128, smem_kv, c->stream>>>(
       q, k, v, dout, a.lse, a.dsum, out + numel, out + 2 * numel, a.T, a.H, a.scale);
