@@ -485,10 +485,15 @@ static int out_hits_inputs(const kda_exec_node *second, const kda_exec_node *fir
     if (views_overlap(&second->out, &first->in[j])) return 1;
   return 0;
 }
+/* Does a node from `from` on read t's bytes before some node writes over them (the planner
+ * reuses a dead buffer's bytes for later outputs, so a read after such a write is another
+ * buffer's)? */
 static int read_from(const kda_exec_node *nodes, int from, int n, const kda_tview *t) {
-  for (int k = from; k < n; k++)
+  for (int k = from; k < n; k++) {
     for (int j = 0; j < nodes[k].nin; j++)
       if (views_overlap(&nodes[k].in[j], t)) return 1;
+    if (views_overlap(&nodes[k].out, t)) return 0;
+  }
   return 0;
 }
 /* Which input of `add` (an elementwise ADD, no broadcast) is exactly the first `numel`
