@@ -5,7 +5,8 @@
 # build/gpu/*; `make kda gpu-bins`), a GPU and python3 with torch; logs go to $OUT (default
 # build/bench). Sizes: S (d 256, 8 layers, 4 heads) at 8x512 and 64x512, M (d 768, 12, 12) at
 # 64x1024, L (d 2048, 20, 16) at 16x2048. SIZES="S M" skips L; RACE=1 adds the quality race
-# (needs the full prose domain: CORPUS=dir holding prose.txt and MANIFEST).
+# (needs the full prose domain: CORPUS=dir holding prose.txt and MANIFEST); KDA_KERNELS=0 leaves
+# out the KDA kernels' stage (to fit one 10-minute device call).
 #   1. the CUDA op tests (the bench stops if they fail: a wrong kernel's speed means nothing)
 #   2. op micro-benchmarks; the KDA kernels' test and bench beside PyTorch SDPA
 #   3. per size: kda (graph, steps run back to back) and the peer in eager, torch.compile and,
@@ -35,12 +36,15 @@ grep -q " 0 failed" "$OUT/test_cuda_ops.log" || { echo "bench: the CUDA op tests
 
 stage "op micro-benchmarks; KDA kernels beside SDPA"
 timeout 300 "$BIN/cuda_ops_bench" > "$OUT/ops_bench.log" 2>&1; tail -5 "$OUT/ops_bench.log"
-OUT=$OUT timeout 900 sh benches/kda_gpu.sh > "$OUT/kda_gpu.log" 2>&1; echo "kda_gpu.sh rc=$?"
-grep -E "passed, " "$OUT/kda_test.log" | tail -1
-while read -r shape mode first med graph tf gb mt; do
-  case "$shape" in \(*) row "kda KDA $mode $shape bf16 (benches/kda_bench.cu)" "median" "$med ms (graph $graph ms; first call $first ms); $tf TFLOP/s";; esac
-done < "$OUT/kda_bench.log"
-grep -E "^\(" "$OUT/kda_attn_peer.log" 2>/dev/null | head -8 | while read -r line; do row "PyTorch attention peer (benches/peers/kda_attn_peer.py)" "median" "$line"; done
+grep -E "^\| attention" "$OUT/ops_bench.log" | while read -r line; do row "kda attention (benches/cuda_ops_bench.cu)" "median" "$line"; done
+if [ "${KDA_KERNELS:-1}" != 0 ]; then   # KDA_KERNELS=0 leaves out the KDA kernels' build, test and bench (~4 min)
+  OUT=$OUT timeout 900 sh benches/kda_gpu.sh > "$OUT/kda_gpu.log" 2>&1; echo "kda_gpu.sh rc=$?"
+  grep -E "passed, " "$OUT/kda_test.log" | tail -1
+  while read -r shape mode first med graph tf gb mt; do
+    case "$shape" in \(*) row "kda KDA $mode $shape bf16 (benches/kda_bench.cu)" "median" "$med ms (graph $graph ms; first call $first ms); $tf TFLOP/s";; esac
+  done < "$OUT/kda_bench.log"
+  grep -E "^\(" "$OUT/kda_attn_peer.log" 2>/dev/null | head -8 | while read -r line; do row "PyTorch attention peer (benches/peers/kda_attn_peer.py)" "median" "$line"; done
+fi
 
 # kda_line SIZE B T [ARCH] -> appends the row, echoes the warm step in ms
 kda_step() {
