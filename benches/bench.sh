@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 if ! nvidia-smi >/dev/null 2>&1; then echo "bench: no GPU answers (nvidia-smi): run make bench on the H200"; exit 2; fi
 [ -x "$KDA" ] && [ -x "$BIN/test_cuda_ops" ] || { echo "bench: build first: make kda gpu-bins"; exit 2; }
 python3 -c "import torch" 2>/dev/null || { echo "bench: python3 with torch is needed for the peers"; exit 2; }
-REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+REV=${REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 DAY=$(date +%F)
 row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$DAY" "$REV" "$CARD" "$1" "$2" "$3" >> "$HIST"; echo "  + $1 | $2 | $3"; }

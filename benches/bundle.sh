@@ -11,6 +11,7 @@ cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench "$st/bin/"
 strip "$st/bin/"*
 for l in libtinfo.so.6 libbsd.so.0 libmd.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" "$st/lib/"; done
 cp data/small/prose.txt "$st/data/"
+git describe --always --dirty > "$st/bin/REVISION"   # the device copy's .git may be older: history rows name this
 tar -C "$st" -cJf .devbuild/bundle.tar.xz bin lib data
 rm -rf "$st"
 ls -la .devbuild/bundle.tar.xz

@@ -26,6 +26,7 @@ export LD_LIBRARY_PATH=$K/lib:${LD_LIBRARY_PATH:-} KDA_HOME=$PWD
 mkdir -p build/gpu data/small
 cp "$K"/bin/test_cuda_ops "$K"/bin/cuda_ops_bench build/gpu/ && cp "$K"/data/prose.txt data/small/
 KDA=$K/bin/kda
+export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 build_kda() { BUILD_ONLY=1 OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "KDA build rc=$?"; }
 stage device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
