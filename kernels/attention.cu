@@ -8,8 +8,8 @@
  *     S and P never leave registers (the C fragment of S is reused as the A fragment of P).
  *     Tiles reach shared memory by cp.async, the next K/V tile copying during the current
  *     one's math, and registers by ldmatrix (.trans for V). benches/cuda_ops_bench on an
- *     H200: 197 TFLOP/s at (8,2048,16,128), 196 at (64,1024,12,64), from ~80-90 with plain
- *     shared loads (one run, by a helper; to be re-measured).
+ *     H200: 192-198 TFLOP/s at (8,2048,16,128), 195-196 at (64,1024,12,64) in two runs
+ *     (benches/history.tsv, revision e0a2144), from ~80-90 with plain shared loads.
  *   - generic path (any Dh <= 256, f32 or bf16): one warp per query row, fp32 SIMT.
  * Backward (ATTENTION_BWD), deterministic with no atomics (every output element has exactly
  * one writer, summing in a fixed order):
@@ -17,8 +17,9 @@
  *     lse and Dsum_i = dO_i . O_i (O never stored), then a dq pass over key tiles per query
  *     tile and a dk/dv pass over query tiles per key tile, mma.sync, ldmatrix and
  *     double-buffered cp.async like the forward (see "tensor-core backward" below). Same
- *     bench, fwd+bwd at 3.5x the forward's FLOPs: 147 TFLOP/s at (8,2048,16,128), 137 at
- *     (64,1024,12,64); the backward alone ~130, from ~60 (one run; to be re-measured).
+ *     bench, fwd+bwd at 3.5x the forward's FLOPs: 147 TFLOP/s at (8,2048,16,128), 135-136 at
+ *     (64,1024,12,64) in two runs; the backward alone ~130, from ~60. GPT M's step: 146.8 ->
+ *     120.1 ms with this and the MATMUL+ADD fusion (same bundle as the history rows).
  *   - generic path (any Dh, f32 or bf16): 1. recompute O (f32, scratch) and lse with the
  *     forward; 2. Dsum; 3. dq, one warp per query row; 4. dk, dv, one warp per key row; fp32 SIMT.
  * KDA_ATTN_SIMPLE=1 forces the generic paths (forward and backward). */
