@@ -298,6 +298,13 @@ static void elementwise_cases(int dt, double tol) {
   snprintf(nm, sizeof nm, "swiglu_bwd %s [2,67,96] packed", s);
   opcase sw = {nm, KDA_OP_SWIGLU_BWD, T3(X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1), X(dt, 3, 2, 67, 96, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
   check(&sw);
+  /* an element count that is not a multiple of 8: the bf16 SwiGLU kernels' generic path */
+  snprintf(nm, sizeof nm, "swiglu %s, 67x33 (not a multiple of 8)", s);
+  opcase so = {nm, KDA_OP_SWIGLU, T2(X(dt, 2, 67, 33, 1, 1), X(dt, 2, 67, 33, 1, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&so);
+  snprintf(nm, sizeof nm, "swiglu_bwd %s, 67x33 (not a multiple of 8)", s);
+  opcase sbo = {nm, KDA_OP_SWIGLU_BWD, T3(X(dt, 2, 67, 33, 1, 1), X(dt, 2, 67, 33, 1, 1), X(dt, 2, 67, 33, 1, 1)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
+  check(&sbo);
   for (int mul = 0; mul < 2; mul++) {
     int op = mul ? KDA_OP_MUL : KDA_OP_ADD;
     snprintf(nm, sizeof nm, "%s %s same shape", kda_op_name(op), s);
