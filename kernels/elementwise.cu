@@ -194,30 +194,24 @@ int kc_softmax_bwd(const kda_exec_node *n, kc_ctx *c) {
 }
 
 /* ---- RoPE: pairs (i, i+Dh/2), angle (pos + t) * theta^(-2i/Dh) --------------------------
- * One block per position t for every (b, h) row at that position: thread (r, j) owns pairs
- * i = j, j+G, ... and rows r, r+R, ... (G threads across the pairs, R = 256/G rows at a time),
- * so the angle (computed in double, as the CPU does: t reaches thousands of radians, where a
- * float angle is off by 1e-4) is computed once per (t, i, r) instead of once per (b, t, i), and
- * a block moves B*H rows instead of H. Measured before this layout (one block of Dh/2 threads
- * per (b,t) row): 124 us per node at GPT M ([64,1024,12,64] bf16, 2x its bandwidth bound);
- * predicted ~60-70 us with this one (to be measured). Same arithmetic, so the same bits.
- * pos (decoding: an int32 the host wrote before the launch, read here so a captured decode step
- * replays at each new position) is 0 when absent; a negative one, which the CPU refuses, gives
- * NaN (reporting it would need a host sync). */
-#define ROPE_T 256
-__global__ void __launch_bounds__(ROPE_T) k_rope(const void *x, int xdt, void *y, int ydt,
-                                                 const int32_t *pos, int64_t T, int64_t rows,
-                                                 int64_t H, int64_t D, double theta, float sign,
-                                                 int G) {
-  const int64_t t = blockIdx.x, p0 = pos ? *pos : 0, half = D / 2;
-  const int R = ROPE_T / G, r = threadIdx.x / G, j = threadIdx.x % G;
-  for (int64_t i = j; i < half; i += G) {
-    double ang = (double)(p0 + t) * pow(theta, -2.0 * (double)i / (double)D);
+ * One block per (b,t) row; thread i owns pair i of every head, so the angle (computed in
+ * double, as the CPU does: t reaches thousands of radians, where a float angle is off by 1e-4)
+ * is computed once per (t,i) and the loads stay coalesced across i. pos (decoding: an int32
+ * the host wrote before the launch, read here so a captured decode step replays at each new
+ * position) is 0 when absent; a negative one, which the CPU refuses, gives NaN (reporting it
+ * would need a host sync). Tried in 427f666: one block per t over every
+ * (b, h) row, the angle once per (t, i): 124 -> 152 us per node at GPT M (fewer loads in
+ * flight), so this layout stays; a cos/sin table with wide loads is the next try. */
+__global__ void k_rope(const void *x, int xdt, void *y, int ydt, const int32_t *pos, int64_t T,
+                       int64_t H, int64_t D, double theta, float sign) {
+  int64_t row = blockIdx.x, p0 = pos ? *pos : 0, half = D / 2;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    double ang = (double)(p0 + row % T) * pow(theta, -2.0 * (double)i / (double)D);
     double sd, cd;
     sincos(ang, &sd, &cd);
     float cs = p0 < 0 ? NAN : (float)cd, sn = sign * (float)sd;
-    for (int64_t rr = r; rr < rows; rr += R) {   /* rr = b*H + h */
-      int64_t base = (((rr / H) * T + t) * H + rr % H) * D;
+    for (int64_t h = 0; h < H; h++) {
+      int64_t base = (row * H + h) * D;
       float x0 = kc_ld(x, xdt, base + i), x1 = kc_ld(x, xdt, base + i + half);
       kc_st(y, ydt, base + i, x0 * cs - x1 * sn);
       kc_st(y, ydt, base + i + half, x0 * sn + x1 * cs);
@@ -231,10 +225,9 @@ int kc_rope(const kda_exec_node *n, kc_ctx *c) {
   const int32_t *pos = n->nin > 1 ? (const int32_t *)n->in[1].data : NULL;
   int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], D = x->shape[3];
   double theta = n->fattr[0] > 0 ? n->fattr[0] : 10000.0;
-  int G = 32;   /* threads across the pairs: a multiple of 32 covering Dh/2, at most ROPE_T */
-  while (G < D / 2 && G < ROPE_T) G *= 2;
-  k_rope<<<(unsigned)T, ROPE_T, 0, c->stream>>>(x->data, x->dtype, n->out.data, n->out.dtype, pos,
-                                                T, B * H, H, D, theta, n->iattr[0] ? -1.f : 1.f, G);
+  int thr = D / 2 >= 64 ? 64 : 32;
+  k_rope<<<(unsigned)(B * T), thr, 0, c->stream>>>(x->data, x->dtype, n->out.data, n->out.dtype,
+                                                   pos, T, H, D, theta, n->iattr[0] ? -1.f : 1.f);
   KC_LAUNCH_CHECK(n, "k_rope");
   return 0;
 }
