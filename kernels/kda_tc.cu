@@ -1,8 +1,33 @@
 /* kda_tc.cu — version 2 of the CUDA KDA chunked kernels: tensor-core MMAs (mma.sync) for every
  * GEMM-shaped step. Launched by kernels/kda_cuda.cu (the host side, the shared pipeline and
- * version 1); the scratch layout and helpers are in kernels/kda_common.cuh.                  */
+ * version 1); the scratch layout and helpers are in kernels/kda_common.cuh. ~1,100 lines for
+ * one idea: the six version-2 kernels, their precise backward twins instantiated from the
+ * same templates (so a fix lands in both), and the MMA-block and staging helpers they share. */
 #include <type_traits>
 #include "kda_common.cuh"
+
+/* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
+ * names its chunk's first token t0, the head count HV and its head h). */
+#define ROWI(i) (((t0 + (i)) * HV + h))
+
+/* The 4 outputs of one mma_blk4 epilogue call: rows row0 + {0, 0, 8, 8}, columns d0 + {0, 1,
+ * 0, 1}; ok where inside n rows and K columns; g the row-major index of row rowi(r). */
+struct epi4 {
+  int r[4], d[4];
+  bool ok[4];
+  int64_t g[4];
+};
+template <class FR>
+static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t K, FR rowi) {
+  epi4 e;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    e.r[u] = row0 + (u >> 1) * 8, e.d[u] = d0 + (u & 1);
+    e.ok[u] = e.r[u] < n && e.d[u] < K;
+    e.g[u] = rowi(e.r[u]) * K + e.d[u];
+  }
+  return e;
+}
 
 /* ==== version 2: tensor cores (mma.sync) ====================================================
  * Same scratch layout as version 1 (fp32 rows in ws), except that k_intra_tc writes W, s qg,
@@ -27,12 +52,10 @@
  *     only as an MMA operand), M's forward substitution, all accumulators;
  *   - dA_log / ddt_bias: per-chunk partials + k_gate_reduce (fixed order; no float atomics),
  *     dbeta by warp-per-row fixed-order sums: the backward is bit-reproducible.
- * Predicted (to be measured): the state passes move from scalar K-long dot products with
- * global loads per FMA to staged tiles + MMAs (~20-50x on k_state_*); k_intra's per-pair
- * exp over all C^2/2 pairs x K drops to the diagonal blocks (~4x fewer exp) plus MMAs; the
- * backward's k_bwd_rows / k_bwd_mat / k_bwd_final (scalar, global loads in inner loops, one
- * thread per column for all C^2 pairs) become MMAs: overall fwd+bwd (8,2048,16,128) from
- * 109 ms to ~5-10 ms; the §8 target (1.9 ms) needs bf16 scratch and fused kernels (next).
+ * Predicted before the first run: fwd+bwd (8,2048,16,128) from 109 ms (version 1) to
+ * ~5-10 ms. Measured on the H200 (benches/history.tsv): 26.35 ms as first written, 19.28 ms
+ * after the staging rewrite (revision 024ea8f); the §8 target (1.9 ms) needs the blocked
+ * triangular inverse and fused backward chunk kernels (docs/kda.md).
  *
  * ---- precise backward (the _p twins: k_intra_tc_p, k_state_bwd_tc_p, k_bwd_rows_tc_p,
  * k_bwd_mat_tc_p, k_bwd_final_tc_p; the host picks them when dA_log / ddt_bias are asked for
@@ -265,7 +288,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
   float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS, *Ms = Ls + C * CS,
         *bs = Ms + C * CS;
   int tid = threadIdx.x;
-#define ROWI(i) (((t0 + (i)) * HV + h))
   {                                                /* q, k, G: asynchronous copies, zero-padded */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
@@ -376,7 +398,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
   mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
               [&](int j, int c) { return Vb[j * VS + c]; },
               [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
-#undef ROWI
 }
 __global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) { intra_tc<false>(p, v, w); }
 __global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w) { intra_tc<true>(p, v, w); }
@@ -652,7 +673,6 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
   float *Gs = (float *)(dV + C * VB);
   const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
   const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
-#define ROWI(i) (((t0 + (i)) * HV + h))
   cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
   batched<8>(K16 * V16, [&](int e) {
     int d = e / V16, c = e % V16;
@@ -689,7 +709,6 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w
   mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dV[i * VB + c]); },
                   [&](int c, int d) { return f(S0[d * VB + c]); },
                   [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
-#undef ROWI
 }
 /* The precise backward's twin: the same products from fp32 S0, dS, Vn, dVn (the state pass's
  * fp32 outputs, no longer rounded to bf16) in P_3TF32 (dO, a bf16 input, is exact in tf32:
@@ -708,7 +727,6 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws
   const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
   const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
   bool al = V % 4 == 0;
-#define ROWI(i) (((t0 + (i)) * HV + h))
   cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
   cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
@@ -738,7 +756,6 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws
                      if (i < n && d < K)
                        w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
                    });
-#undef ROWI
 }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
@@ -775,7 +792,6 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = PR ? dM + U : X + C * CS, *dWs = dVs + C * VS,
         *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: PR only, dead before dM */
   sbf *dO = (sbf *)(bs + C), *Vn = dO + C * VB, *Vr = PR ? Vn : Vn + C * VB;   /* Vn: !PR only */
-#define ROWI(i) (((t0 + (i)) * HV + h))
   /* staging: fp32 tiles by cp.async (zero-filled), the converted ones with batched loads */
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
@@ -859,7 +875,6 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (!lane) w.db[ROWI(j)] = acc;
   }
-#undef ROWI
 }
 __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   bwd_mat_tc<false>(p, v, dout, dv, w);
@@ -888,7 +903,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
         *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C;
-#define ROWI(i) (((t0 + (i)) * HV + h))
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
@@ -966,15 +980,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                  [&](int j, int d) { return X[j * KS + d]; },
                  [&](int ii, int d0, float c0, float c1, float c2, float c3) {
                    float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                   int iv[4], dv[4];
-                   bool ok[4];
-                   int64_t gi[4];
-#pragma unroll
-                   for (int u = 0; u < 4; u++) {
-                     iv[u] = r + (ii & 15) + (u >> 1) * 8, dv[u] = d0 + (u & 1);
-                     ok[u] = iv[u] < n && dv[u] < K;
-                     gi[u] = ROWI(iv[u]) * K + dv[u];
-                   }
+                   const epi4 e = epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return ROWI(i); });
+                   const int *iv = e.r, *dv = e.d;
+                   const bool *ok = e.ok;
+                   const int64_t *gi = e.g;
                    if (ii < 16) {
 #pragma unroll
                      for (int u = 0; u < 4; u++)
@@ -1016,15 +1025,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                  [&](int k, int d) { return X[k * KS + d]; },
                  [&](int jj, int d0, float c0, float c1, float c2, float c3) {
                    float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                   int jv[4], dv[4];
-                   bool ok[4];
-                   int64_t gj[4];
-#pragma unroll
-                   for (int u = 0; u < 4; u++) {
-                     jv[u] = 16 * J + jj + (u >> 1) * 8, dv[u] = d0 + (u & 1);
-                     ok[u] = jv[u] < n && dv[u] < K;
-                     gj[u] = ROWI(jv[u]) * K + dv[u];
-                   }
+                   const epi4 e = epi4_at(16 * J + jj, d0, n, K, [&](int j) { return ROWI(j); });
+                   const int *jv = e.r, *dv = e.d;
+                   const bool *ok = e.ok;
+                   const int64_t *gj = e.g;
 #pragma unroll
                    for (int u = 0; u < 4; u++)
                      if (ok[u]) a[u] = w.dKi[gj[u]], b[u] = w.dW[gj[u]];
@@ -1077,7 +1081,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
     stb(dbeta, ROWI(r), db);
   }
-#undef ROWI
 }
 __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
