@@ -378,17 +378,18 @@ static int run_node(const kda_exec_node *n, kc_ctx *c) {
 }
 
 /* ---- bf16 shadows of f32 GEMM operands (kernels.h) ------------------------------------- */
+/* Does view t touch any byte of [lo, hi)? (Shadows and fusions reason by pointer ranges.) */
+static int view_hits(const kda_tview *t, const char *lo, const char *hi) {
+  const char *p = (const char *)t->data;
+  return p && p < hi && p + kc_numel(t) * kc_dsize(t->dtype) > lo;
+}
+
 static int writes_range(const kda_exec_node *x, const char *lo, const char *hi) {
-  const char *o = (const char *)x->out.data;
-  int64_t ob = kc_numel(&x->out) * kc_dsize(x->out.dtype);
-  if (o && o < hi && o + ob > lo) return 1;
+  if (view_hits(&x->out, lo, hi)) return 1;
   /* in-place optimizers also update their state inputs: ADAMW m, v; MUON the momentum */
   if (x->op == KDA_OP_ADAMW || x->op == KDA_OP_MUON)
-    for (int j = 2; j < (x->op == KDA_OP_ADAMW ? 4 : 3); j++) {
-      const char *m = (const char *)x->in[j].data;
-      int64_t mb = kc_numel(&x->in[j]) * 4;
-      if (m && m < hi && m + mb > lo) return 1;
-    }
+    for (int j = 2; j < (x->op == KDA_OP_ADAMW ? 4 : 3); j++)
+      if (view_hits(&x->in[j], lo, hi)) return 1;
   return 0;
 }
 
@@ -475,10 +476,9 @@ static struct {
   signed char *kind, *arg;   /* per node: enum fuse_kind; the ADD's input that is the first node's output */
 } F;
 
-static int64_t tview_bytes(const kda_tview *t) { return kc_numel(t) * kc_dsize(t->dtype); }
 static int views_overlap(const kda_tview *a, const kda_tview *b) {
-  const char *x = (const char *)a->data, *y = (const char *)b->data;
-  return x && y && x < y + tview_bytes(b) && y < x + tview_bytes(a);
+  const char *y = (const char *)b->data;
+  return y && view_hits(a, y, y + kc_numel(b) * kc_dsize(b->dtype));
 }
 static int out_hits_inputs(const kda_exec_node *second, const kda_exec_node *first) {
   for (int j = 0; j < first->nin; j++)
@@ -528,16 +528,24 @@ static int fuse_kind_at(const kda_exec_node *nodes, int i, int n, int *arg) {
   return FUSE_NONE;
 }
 
+/* The fusion at node i of the list being run (FUSE_NONE without a plan for it). */
+static int fuse_at(const kda_exec_node *nodes, int i) {
+  return F.nodes == nodes && i < F.n ? F.kind[i] : FUSE_NONE;
+}
+
 static int fuse_plan(const kda_exec_node *nodes, int n, uint64_t sig) {
+  if (G.no_fuse) { F.nodes = NULL; return 0; }   /* every node alone */
   if (F.nodes == nodes && F.n == n && F.sig == sig) return 0;
   if (n > F.cap) {
     free(F.kind), free(F.arg);
     F.kind = (signed char *)calloc((size_t)n, 1), F.arg = (signed char *)calloc((size_t)n, 1);
     F.cap = F.kind && F.arg ? n : 0;
-    if (!F.cap) return kda_set_error("cuda: out of host memory planning fusions for %d nodes", n);
+    if (!F.cap)
+      return kda_set_error("cuda: out of host memory planning fusions for %d nodes: free host "
+                           "memory, or run with KDA_NO_FUSE=1", n);
   }
   for (int i = 0; i < n; i++) {
-    int arg = 0, k = G.no_fuse ? FUSE_NONE : fuse_kind_at(nodes, i, n, &arg);
+    int arg = 0, k = fuse_kind_at(nodes, i, n, &arg);
     F.kind[i] = (signed char)k, F.arg[i] = (signed char)arg;
     if (k == FUSE_ADD_NORM || k == FUSE_NORMBWD_ADD || k == FUSE_MATMUL_ADD) F.kind[++i] = FUSE_NONE;
   }
@@ -557,8 +565,7 @@ static int stage_mark(int k, int capturing) {
  * the fused pair starting at i (fuse_plan, for this list): the number of nodes run, or -1. */
 static int run_at(const kda_exec_node *nodes, int i, int n) {
   const kda_exec_node *x = &nodes[i];
-  int fused = F.nodes == nodes && i < F.n ? F.kind[i] : FUSE_NONE;
-  switch (fused) {
+  switch (fuse_at(nodes, i)) {
   case FUSE_ADD_NORM: return kc_add_rmsnorm(x, x + 1, &G.ctx) ? -1 : 2;
   case FUSE_NORMBWD_ADD: return kc_rmsnorm_bwd_add(x, x + 1, F.arg[i], &G.ctx) ? -1 : 2;
   case FUSE_MATMUL_ADD: return kc_matmul_add(x, x + 1, 1 - F.arg[i], &G.ctx) ? -1 : 2;
@@ -679,7 +686,7 @@ static int profile_segments(const kda_exec_node *nodes, int n) {
         op[k] = KDA_OP_COUNT;
         if (G.nact && kc_shadow_refresh(G.act, G.nact, &G.ctx)) rc = -1;
       } else {
-        int f = F.kind[i];
+        int f = fuse_at(nodes, i);
         op[k] = f == FUSE_NONE || f == FUSE_DONE ? nodes[i].op : KDA_OP_COUNT + 1 + f;
         used = run_at(nodes, i, n);
         if (used < 0) rc = -1;
