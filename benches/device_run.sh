@@ -13,7 +13,8 @@
 #   bench     benches/bench.sh (what `make bench` runs) with the bundle's binaries (SIZES="S M L")
 #   ab        one switch measured in the same run: the GPT steps with and without ${AB:-KDA_NO_FUSE}=1,
 #             alternating, per config (AB_CFGS="size=S batch=8 seq=512|..."); then the op
-#             micro-benchmarks (attention, GEMM, norms)
+#             micro-benchmarks (session 9 ran the same loop inline; not yet run as this mode)
+#   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
 #   race      the quality race (issue 5): PyTorch peer vs kda's hybrid on the same bytes and window

@@ -6,9 +6,10 @@
  * through kda_cuda_backend()->run; the metric is |out - ref| / |ref| (RMS ratio; NaN fails).
  * Prints "ok - ..." / "FAIL - ..." and ends with "N passed, N failed". Without a GPU it prints
  * a skip note and "0 passed, 0 failed" and exits 0.
- * One file of ~1,070 lines for one idea: the harness (~270 lines) and a short case list per op
- * family (elementwise, norms and losses, GEMM, attention, optimizer state, decode), each read on
- * its own; splitting it would only move the harness into a header.                           */
+ * One file of ~1,200 lines for one idea: the harness (~270 lines) and a short case list per op
+ * family (elementwise, norms and losses, GEMM, attention, optimizer state, graphs and fused
+ * pairs, decode), each read on its own; splitting it would only move the harness into a
+ * header.                                                                                    */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
