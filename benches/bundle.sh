@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # benches/bundle.sh — pack what a device run needs into .devbuild/bundle.tar.xz (git-ignored,
 # carried by the device tool): ./kda (CUDA build, stripped), the GPU test and bench binaries,
-# the runtime libraries the H200 image may lack, and the small prose corpus.
+# the KDA kernels' test and bench, the runtime libraries the H200 image may lack, and the small prose corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -j2 kda gpu-bins >/dev/null
 st=.devbuild/stage
 rm -rf "$st"; mkdir -p "$st/bin" "$st/lib" "$st/data"
-cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench "$st/bin/"
+BUILD_ONLY=1 OUT=build/kda_gpu sh benches/kda_gpu.sh >/dev/null   # the KDA kernels' test and bench, built here (nvcc, sm_90)
+cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench build/kda_gpu/test_kda_cuda build/kda_gpu/kda_bench build/kda_gpu/kda_bench_phases "$st/bin/"
 strip "$st/bin/"*
 for l in libtinfo.so.6 libbsd.so.0 libmd.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" "$st/lib/"; done
 cp data/small/prose.txt "$st/data/"

@@ -29,7 +29,9 @@ cp "$K"/bin/test_cuda_ops "$K"/bin/cuda_ops_bench build/gpu/ && cp "$K"/data/pro
 KDA=$K/bin/kda
 export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
 stage() { echo; echo "=== $1 ($(date +%T))"; }
-build_kda() { BUILD_ONLY=1 OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "KDA build rc=$?"; }
+build_kda() {   # the bundle's prebuilt KDA binaries; an older bundle without them: build here
+  if [ -x "$K/bin/kda_bench" ]; then mkdir -p build/kda_gpu && cp "$K"/bin/test_kda_cuda "$K"/bin/kda_bench "$K"/bin/kda_bench_phases build/kda_gpu/ && touch build/kda_gpu/*; return; fi
+  BUILD_ONLY=1 OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "KDA build rc=$?"; }
 stage device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 if [ "$MODE" = tests ]; then

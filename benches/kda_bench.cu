@@ -14,6 +14,7 @@
 #include <algorithm>
 #include "kda.h"
 #include "kda_cuda.h"
+extern "C" void kda_phase_report(const char *title);   /* kernels/kda_tc.cu */
 
 #define CK(call)                                                                             \
   do {                                                                                       \
@@ -137,6 +138,12 @@ int main() {
       printf("%-22s %-7s %9.3f %9.3f %9.3f %9.2f %9.1f %9.2f\n", nm, bwd ? "fwd+bwd" : "fwd", first, med,
              gms, fl / best * 1e-9, by / best * 1e-6, B * T / best * 1e-3);
       fflush(stdout);
+    }
+    {
+      char nm[64];
+      snprintf(nm, sizeof nm, "(%lld,%lld,%lld,%lld), every call above", (long long)B, (long long)T, (long long)H,
+               (long long)D);
+      kda_phase_report(nm);                        /* kda_bench_phases only (-DKDA_PHASES) */
     }
     void *fr[] = {x.q, x.k, x.v, x.g, x.b, x.o, x.dO, x.dq, x.dk, x.dv, x.dg, x.db, x.ws};
     for (void *p : fr) CK(cudaFree(p));

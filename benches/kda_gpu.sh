@@ -18,7 +18,7 @@ mkdir -p "$B" "$LOG"
 CFLAGS="-std=c11 -O2 -fopenmp -D_GNU_SOURCE -Icore"
 NVFLAGS="-std=c++17 -O3 -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"
 newer() { [ ! -e "$1" ] || [ -n "$(find core kernels tests/gpu benches -newer "$1" -name '*.[ch]*' 2>/dev/null | head -1)" ]; }
-if newer "$B/test_kda_cuda" || newer "$B/kda_bench"; then
+if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phases"; then
   gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o"
   gcc $CFLAGS -c core/util.c -o "$B/util.o"
   gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o"
@@ -29,6 +29,9 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench"; then
   "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_tc.o" "$B/kda_ops.o" "$B/cpu_kda.o" \
     "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda"
   "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_tc.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench"
+  # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
+  "$NVCC" $NVFLAGS -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o"
+  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_tc_phases.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
 fi
 if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then
   CUOBJ=$(command -v cuobjdump || echo "$(dirname "$NVCC")/cuobjdump")

@@ -63,6 +63,7 @@ struct ws {
   float *dQ, *dKi, *dW, *dKb; /* [.,K] */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
+  float *Kb;        /* [.,K] b k e^G (version 2: written by the backward's k_intra_tc for k_bwd_mat_tc) */
   float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk */
   float *dgn;       /* [NTu, HV, K] rowsum_V(S0 . dSe) per chunk (tensor-core path) */
   float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
@@ -136,13 +137,40 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
  * ddt_bias, cancelling sums of dg, keep the reference's accuracy (kda_tc.cu, "precise
  * backward"); the host picks it when those gradients are asked for (kda_cuda.cu). */
 #define BVT 32                      /* V columns per version-2 state-pass block */
+/* Phase timers (profiling builds only: -DKDA_PHASES, benches/kda_gpu.sh's kda_bench_phases).
+ * PH_INIT(kernel) starts a block's clock; PH(phase) waits for the block (an extra barrier, so
+ * a timed build runs a little slower) and adds the cycles since the last mark to
+ * kda_phase_cyc[kernel][phase], summed over blocks; kda_phase_report prints each phase's share
+ * and mean cycles per block. Ordinary builds compile the marks to nothing. */
+#define KDA_PH_KERNELS 6
+#define KDA_PH_PHASES 12
+#ifdef KDA_PHASES   /* kda_phase_cyc is defined in kda_tc.cu, the one file that marks phases */
+#define PH_INIT(kid)                                                                        \
+  long long ph_t_ = clock64();                                                              \
+  const int ph_k_ = (kid);                                                                  \
+  if (threadIdx.x == 0) atomicAdd(&kda_phase_cyc[ph_k_][KDA_PH_PHASES], 1ull)
+#define PH(ph)                                                                              \
+  do {                                                                                      \
+    __syncthreads();                                                                        \
+    if (threadIdx.x == 0) {                                                                 \
+      long long t_ = clock64();                                                             \
+      atomicAdd(&kda_phase_cyc[ph_k_][(ph)], (unsigned long long)(t_ - ph_t_));             \
+      ph_t_ = t_;                                                                           \
+    }                                                                                       \
+  } while (0)
+#else
+#define PH_INIT(kid) do { } while (0)
+#define PH(ph) do { } while (0)
+#endif
+extern "C" void kda_phase_report(const char *title);   /* prints and resets; no-op unless KDA_PHASES */
 size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec);
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec);
 size_t smem_final_tc(int64_t C, int64_t K);
-__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w);
-__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w);
+__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w, int vt);
+__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0);

@@ -46,8 +46,10 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w)
   w->W = (float *)take(KB), w->kg = (float *)take(KB);
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
+  w->Kb = nullptr;
   if (backward) {
     w->vn = (float *)take(TH * V * 4), w->dvn = (float *)take(TH * V * 4);
+    w->Kb = (float *)take(TH * K * 4);
     w->dQ = (float *)take(TH * K * 4), w->dKi = (float *)take(TH * K * 4);
     w->dW = (float *)take(TH * K * 4), w->dKb = (float *)take(TH * K * 4);
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
@@ -686,10 +688,16 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   k_rows<<<dim3((unsigned)(a->B * a->T), (unsigned)a->HV), 128, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
-    size_t sm = smem_intra_tc(a->chunk, a->K, a->V);
+    /* vt: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others */
+    size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
+    int dev, lim, vt = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+      vt = smv <= (size_t)lim && a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
+    if (vt) sm = smv;
     auto kern = prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }

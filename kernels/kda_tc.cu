@@ -5,6 +5,9 @@
  * same templates (so a fix lands in both), and the MMA-block and staging helpers they share. */
 #include <type_traits>
 #include "kda_common.cuh"
+#ifdef KDA_PHASES
+__device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
+#endif
 
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
@@ -262,6 +265,23 @@ static __device__ __forceinline__ void batched(int total, LD ld, ST st) {
 static __host__ __device__ __forceinline__ int r16(int64_t x) { return (int)((x + 15) / 16 * 16); }
 typedef __nv_bfloat16 sbf;   /* bf16 shared tiles (pure MMA operands) */
 static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
+/* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and
+ * the base is 16-byte aligned (zero past n rows and V columns), else batched scalar loads */
+static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int V16, int n, int64_t V,
+                                                    const void *src, int64_t t0, int64_t HV, int64_t h) {
+  const sbf *g = (const sbf *)src;
+  if (V % 8 == 0 && al16(src)) {
+    for (int e = threadIdx.x; e < C * (V16 / 8); e += NT) {
+      int i = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
+      bool ok = i < n && c < V;
+      cp16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
+    }
+  } else
+    batched<8>(C * V16, [&](int e) {
+      int i = e / V16, c = e % V16;
+      return i < n && c < V ? g[((t0 + i) * HV + h) * V + c] : __float2bfloat16(0.f);
+    }, [&](int e, sbf x) { dst[(e / V16) * ds + e % V16] = x; });
+}
 
 /* ---- v2 intra-chunk: G, Aqk, L (factored tf32 MMAs + exact diagonal blocks), M, W, U ------ */
 /* smem (floats): q/X/V region, k, G [C][KS]; A, L, M [C][CS]; b [C] */
@@ -270,15 +290,59 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V) {
   int64_t reg = (2 * C + 32) * KS > C * VS ? (2 * C + 32) * KS : C * VS;
   return (size_t)(reg + 2 * C * KS + 3 * C * CS + C) * 4;
 }
+/* the raw v tile (bf16 [C][r16(V)+8]) after the rest, when it fits (vt = 1, V % 8 == 0) */
+size_t smem_intra_vtile(int64_t C, int64_t V) { return (size_t)C * (r16(V) + 8) * 2; }
+
+/* M = (I + L)^-1 for a strictly lower triangular L [C][CS] (fp32; C a multiple of 16, rows
+ * past the chunk zero), blocked by 16 (KDA.md §3.2's block recursion, in fp32):
+ *   1. warp b inverts diagonal block b by forward substitution, lane j holding column j in
+ *      registers: no barriers, ~120 dependent FMAs per lane;
+ *   2. block rows I = 1, 2, ...: T_IJ = sum_{m=J}^{I-1} L_Im M_mJ, then M_IJ = -M_II T_IJ for
+ *      every J < I at once (two barriers per block row; T [16][C] scratch).
+ * It replaced a row-by-row substitution with a barrier per row (64 at C = 64) in which one
+ * thread's dot product ran the whole row's length. Same math, different summation order. */
+static __device__ void tril_inverse(const float *L, float *M, int CS, int C, float *T) {
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nb = C >> 4;
+  if (wp < nb && lane < 16) {
+    int o = 16 * wp, j = lane;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      float acc = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; m++) acc += L[(o + i) * CS + o + m] * x[m];
+      x[i] = i == j ? 1.f : (i > j ? -acc : 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) M[(o + i) * CS + o + j] = x[i];
+  }
+  for (int I = 1; I < nb; I++) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < I * 256; e += NT) {   /* T_IJ */
+      int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
+      float acc = 0.f;
+      for (int m = 16 * J; m < 16 * I; m++) acc += L[(16 * I + r) * CS + m] * M[m * CS + 16 * J + c];
+      T[r * C + 16 * J + c] = acc;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < I * 256; e += NT) {   /* M_IJ = -M_II T_IJ */
+      int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
+      float acc = 0.f;
+      for (int m = 0; m <= r; m++) acc += M[(16 * I + r) * CS + 16 * I + m] * T[m * C + 16 * J + c];
+      M[(16 * I + r) * CS + 16 * J + c] = -acc;
+    }
+  }
+  __syncthreads();
+}
 
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR>
-static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
+static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
@@ -287,17 +351,29 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
   float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
   float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS, *Ms = Ls + C * CS,
         *bs = Ms + C * CS;
+  /* vt: the raw v tile, copied with q, k, G (its loads used to wait, 8 per thread at a time, in
+   * a phase of their own after the substitution: ~30% of the kernel's time at K = V = 128) */
+  int VB = V16 + 8;
+  sbf *vr = (sbf *)(bs + C);
   int tid = threadIdx.x;
-  {                                                /* q, k, G: asynchronous copies, zero-padded */
+  PH_INIT(0);
+  {                                                /* q, k, G (and v): asynchronous copies, zero-padded */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
     cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
     cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
+    if (vt)
+      for (int e = tid; e < C * (V16 / 8); e += NT) {
+        int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
+        bool ok = r < n && c < V;
+        cp16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
+      }
   }
   for (int e = tid; e < C * CS; e += NT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
   for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_wait();
   __syncthreads();
+  PH(0);
   for (int d = tid; d < K16; d += NT) {            /* cumsum; pad rows repeat the last value so
                                                       that every factor exponent stays <= 0 */
     float acc = 0;
@@ -308,6 +384,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
     }
   }
   __syncthreads();
+  PH(1);
   /* diagonal 16x16 blocks: exact per-pair exponent (any decay) */
   for (int e = tid; e < (C / 16) * 256; e += NT) {
     int I = e >> 8, i = 16 * I + ((e >> 4) & 15), j = 16 * I + (e & 15);
@@ -320,6 +397,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
     As[i * CS + j] = p.scale * aq;
     if (j < i) Ls[i * CS + j] = bs[i] * ak;
   }
+  PH(2);
   /* off-diagonal: rows of block I against all columns j < r = 16 I, factored around row r */
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
@@ -334,6 +412,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
       Y[ii * KS + d] = qs[i * KS + d] * s, Y[(16 + ii) * KS + d] = ks[i * KS + d] * s;
     }
     __syncthreads();
+    PH(3);
     mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
                 [&](int d, int j) { return X[j * KS + d]; },
                 [&](int ii, int j, float c) {
@@ -342,16 +421,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
                   if (ii < 16) As[i * CS + j] = p.scale * c;
                   else Ls[i * CS + j] = bs[i] * c;
                 });
+    PH(4);
   }
   __syncthreads();
-  for (int i = 0; i < n; i++) {                    /* M = (I + L)^-1, forward substitution (fp32) */
-    for (int j = tid; j <= i; j += NT) {
-      float acc = 0;
-      for (int m = j; m < i; m++) acc += Ls[i * CS + m] * Ms[m * CS + j];
-      Ms[i * CS + j] = j < i ? -acc : 1.f;
-    }
-    __syncthreads();
-  }
+  tril_inverse(Ls, Ms, CS, C, X);                  /* M = (I + L)^-1 (fp32); X is free now */
+  PH(5);
   /* Aqk (bf16, for the state passes) and M (fp32, for k_bwd_mat_tc). The state passes used to
    * stage fp32 W, qg, kg, Aqk and round them to bf16 on every chunk step; they are written
    * here in bf16 instead (same rounding of the same fp32 values: bit-identical operands), half
@@ -376,15 +450,20 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
     }
   }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
-  for (int e = tid; e < C * K16; e += NT) {        /* ks <- Kb = b k e^G */
+  PH(6);
+  for (int e = tid; e < C * K16; e += NT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
     int r = e / K16, d = e % K16;
-    ks[r * KS + d] *= bs[r] * __expf(Gs[r * KS + d]);
+    float kb = ks[r * KS + d] * (bs[r] * __expf(Gs[r * KS + d]));
+    ks[r * KS + d] = kb;
+    if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
   }
-  batched<8>(C * V16, [&](int e) {                 /* Vb = b V (8 loads per thread in flight) */
-    int r = e / V16, c = e % V16;
-    return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
-  }, [&](int e, float x) { Vb[(e / V16) * VS + e % V16] = x; });
+  if (!vt)
+    batched<8>(C * V16, [&](int e) {               /* Vb = b V (8 loads per thread in flight) */
+      int r = e / V16, c = e % V16;
+      return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
+    }, [&](int e, float x) { Vb[(e / V16) * VS + e % V16] = x; });
   __syncthreads();
+  PH(7);
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
@@ -395,12 +474,14 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w) {
                 if (PR) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f;
                 else w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f);
               });
+  PH(8);
   mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-              [&](int j, int c) { return Vb[j * VS + c]; },
+              [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; },
               [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
+  PH(9);
 }
-__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w) { intra_tc<false>(p, v, w); }
-__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w) { intra_tc<true>(p, v, w); }
+__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false>(p, v, w, vt); }
+__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true>(p, v, w, vt); }
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
 /* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
@@ -536,6 +617,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
   int64_t sbase = (n * HV + h) * p.K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
+  PH_INIT(1);
   st_ld(p, h0, sbase, c0, t);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A);
   for (int ci = cf; ci < cl; ci++) {
@@ -545,17 +627,21 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
     cp_wait();
     __syncthreads();
+    PH(0);
     st_vn_tc<P_BF16>(p, t, t0, m, h, c0, nullptr);
     __syncthreads();
+    PH(1);
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_blk<P_BF16>(p.C, BVT, t.K16 + p.C,
                     [&](int i, int k) { return k < t.K16 ? f(t.qg[i * t.KB + k]) : f(t.A[i * t.CB + k - t.K16]); },
                     [&](int k, int c) { return k < t.K16 ? t.S[k * t.SB + c] : t.Vn[(k - t.K16) * t.SB + c]; },
                     [&](int i, int c, float x) { if (i < m && c0 + c < V) stb(o, ((t0 + i) * HV + h) * V + c0 + c, x); });
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
+    PH(2);
     if (ci + 1 < cl)
       st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W | SG_QG | SG_A);
     st_upd_tc<P_BF16>(p, t);
+    PH(3);
   }
   __syncthreads();
   if (ht) st_st(p, ht, sbase, c0, t);
@@ -573,6 +659,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   st_tiles<T> t = st_carve<T>(p, sm);
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
+  PH_INIT(2);
   st_ld(p, h0, sbase, c0, t);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
   for (int ci = cf; ci < cl; ci++) {               /* forward sweep: h[c], Vn */
@@ -583,10 +670,13 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
     cp_wait();
     __syncthreads();
+    PH(0);
     st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();                               /* W dead: prefetch the next chunk's */
+    PH(1);
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W);
     st_upd_tc<P>(p, t);
+    PH(2);
   }
   __syncthreads();
   st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
@@ -600,6 +690,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     st_stage(p, w, t, t0, m, h, c0, dout, SG_QG | SG_W | SG_DO | SG_EN);
     cp_wait();
     __syncthreads();
+    PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS] */
     mma_blk<P>(p.C, BVT, p.C + t.K16,
                [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
@@ -609,6 +700,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
                  if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
                });
     __syncthreads();                               /* Aqk, kg dead: prefetch the previous chunk's */
+    PH(4);
     if (ci > cf)
       st_stage(p, w, t, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, nullptr, SG_A | SG_KG);
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
@@ -616,6 +708,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
                [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
                [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
                [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+    PH(5);
   }
   __syncthreads();
   if (dh0) st_st(p, dh0, sbase, c0, t);
@@ -631,132 +724,100 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
- * smem bf16: S0, dS [K16][VB]; dO, Vn, dVn [C][VB]; fp32: G [C][K16+4] (the epilogues' e^G
- * factors used to load G from global, one dependent load per output element).
- * Staging: loads batched 8 per thread (bit-identical values; ~8x fewer exposed latencies). */
+ * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0 then dS, R2
+ * [C][VS] dVn then Vn (the four fp32 tiles do not fit together: 203 KB at K = V = 128 before
+ * G), fp32 G [C][K16+4], bf16 dO [C][VB]; two phases, the second's copies exposed (one
+ * latency). The fast variant rounds S0, dS, Vn, dVn to bf16 as MMA operands (the same RN
+ * rounding its staging used to do with batched converting loads, ~60% of its time at
+ * K = V = 128); the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16
+ * input, is exact in tf32: P_3TF32A). */
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec) {
-  if (prec) /* k_bwd_rows_tc_p: fp32 R1 [K16][V16+4], R2 [C][V16+4], G [C][K16+4]; bf16 dO [C][V16+8] */
-    return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
-  return (size_t)(2 * r16(K) + 3 * C) * (r16(V) + 8) * 2 + (size_t)C * (r16(K) + 4) * 4;
+  (void)prec;
+  return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
- * a lane's loads (4 per batch) issued together, summed in the same order as one by one */
-static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int64_t h, const float *gS0,
+ * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
+static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int chunk, int64_t h, const float *gS0,
                                                 const float *gdS) {
   int64_t K = p.K, V = p.V, HV = p.HV;
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  for (int64_t d = wp; d < K; d += NT / 32) {
-    float acc = 0;
+  constexpr int RB = 4, NW = NT / 32;
+  for (int64_t d0 = wp; d0 < K; d0 += RB * NW) {
+    float acc[RB] = {};
     for (int64_t cb = 0; cb < V; cb += 128) {
-      float a[4], b[4];
+      float a[RB][4], b[RB][4];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int64_t c = cb + lane + 32 * u;
-        a[u] = c < V ? gS0[d * V + c] : 0.f, b[u] = c < V ? gdS[d * V + c] : 0.f;
-      }
+      for (int r = 0; r < RB; r++)
 #pragma unroll
-      for (int u = 0; u < 4; u++)
-        if (cb + lane + 32 * u < V) acc += a[u] * b[u];
+        for (int u = 0; u < 4; u++) {
+          int64_t d = d0 + r * NW, c = cb + lane + 32 * u;
+          bool ok = d < K && c < V;
+          a[r][u] = ok ? gS0[d * V + c] : 0.f, b[r][u] = ok ? gdS[d * V + c] : 0.f;
+        }
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+          if (cb + lane + 32 * u < V) acc[r] += a[r][u] * b[r][u];
     }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (!lane) w.dgn[((int64_t)blockIdx.x * HV + h) * K + d] = acc;
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      float x = acc[r];
+      for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+      int64_t d = d0 + r * NW;
+      if (!lane && d < K) w.dgn[((int64_t)chunk * HV + h) * K + d] = x;
+    }
   }
 }
-__global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w) {
+template <bool PR>
+static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w) {
+  constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
-  int n = ct[2];
-  if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
-  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, GS = K16 + 4;
-  sbf *S0 = (sbf *)sm, *dS = S0 + K16 * VB, *dO = dS + K16 * VB, *Vn = dO + C * VB, *dV = Vn + C * VB;
-  float *Gs = (float *)(dV + C * VB);
-  const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
-  const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
-  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
-  batched<8>(K16 * V16, [&](int e) {
-    int d = e / V16, c = e % V16;
-    bool ok = d < K && c < V;
-    return make_float2(ok ? gS0[d * V + c] : 0.f, ok ? gdS[d * V + c] : 0.f);
-  }, [&](int e, float2 x) {
-    int d = e / V16, c = e % V16;
-    S0[d * VB + c] = __float2bfloat16(x.x), dS[d * VB + c] = __float2bfloat16(x.y);
-  });
-  batched<8>(C * V16, [&](int e) {
-    int i = e / V16, c = e % V16;
-    bool ok = i < n && c < V;
-    return make_float3(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? w.vn[ROWI(i) * V + c] : 0.f,
-                       ok ? w.dvn[ROWI(i) * V + c] : 0.f);
-  }, [&](int e, float3 x) {
-    int i = e / V16, c = e % V16;
-    dO[i * VB + c] = __float2bfloat16(x.x), Vn[i * VB + c] = __float2bfloat16(x.y);
-    dV[i * VB + c] = __float2bfloat16(x.z);
-  });
-  rows_dgn(p, w, h, gS0, gdS);
-  cp_wait();
-  __syncthreads();
-  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                  [&](int c, int d) { return f(S0[d * VB + c]); },
-                  [&](int i, int d, float x) {
-                    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
-                  });
-  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(Vn[i * VB + c]); },
-                  [&](int c, int d) { return f(dS[d * VB + c]); },
-                  [&](int i, int d, float x) {
-                    if (i < n && d < K)
-                      w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
-                  });
-  mma_blk<P_BF16>(C, K16, V16, [&](int i, int c) { return f(dV[i * VB + c]); },
-                  [&](int c, int d) { return f(S0[d * VB + c]); },
-                  [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
-}
-/* The precise backward's twin: the same products from fp32 S0, dS, Vn, dVn (the state pass's
- * fp32 outputs, no longer rounded to bf16) in P_3TF32 (dO, a bf16 input, is exact in tf32:
- * P_3TF32A). The four fp32 tiles do not fit together (K = V = 128: 203 KB before G), so two
- * phases share two regions: R1 [K16][VS] holds S0 then dS, R2 [C][VS] dVn then Vn; the
- * second phase's copies are exposed (one latency), all by cp.async. */
-__global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws w) {
-  extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
   float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
   sbf *dO = (sbf *)(Gs + C * GS);
-  const float *gS0 = w.h + ((int64_t)blockIdx.x * HV + h) * K * V;
-  const float *gdS = w.dh + ((int64_t)blockIdx.x * HV + h) * K * V;
+  const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
+  const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
   bool al = V % 4 == 0;
+  PH_INIT(3);
   cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
   cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
-  batched<8>(C * V16, [&](int e) {
-    int i = e / V16, c = e % V16;
-    return i < n && c < V ? ldb(dout, ROWI(i) * V + c) : 0.f;
-  }, [&](int e, float x) { dO[(e / V16) * VB + e % V16] = __float2bfloat16(x); });   /* exact */
-  rows_dgn(p, w, h, gS0, gdS);
+  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  PH(0);
+  rows_dgn(p, w, cb, h, gS0, gdS);
   cp_wait();
   __syncthreads();
-  mma_blk<P_3TF32A>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                    [&](int c, int d) { return R1[d * VS + c]; },
-                    [&](int i, int d, float x) {
-                      if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
-                    });
-  mma_blk<P_3TF32>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
-                   [&](int c, int d) { return R1[d * VS + c]; },
-                   [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
+  PH(1);
+  mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+              [&](int c, int d) { return R1[d * VS + c]; },
+              [&](int i, int d, float x) {
+                if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
+              });
+  PH(2);
+  mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
+              [&](int c, int d) { return R1[d * VS + c]; },
+              [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
   __syncthreads();                                 /* S0, dVn read by every warp: reuse R1, R2 */
   cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
   cp_wait();
   __syncthreads();
-  mma_blk<P_3TF32>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
-                   [&](int c, int d) { return R1[d * VS + c]; },
-                   [&](int i, int d, float x) {
-                     if (i < n && d < K)
-                       w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
-                   });
+  PH(3);
+  mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
+              [&](int c, int d) { return R1[d * VS + c]; },
+              [&](int i, int d, float x) {
+                if (i < n && d < K)
+                  w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
+              });
+  PH(4);
 }
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w) { bwd_rows_tc<false>(p, dout, w); }
+__global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws w) { bwd_rows_tc<true>(p, dout, w); }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
  * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that
@@ -765,91 +826,68 @@ __global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws
  * (g = -1000 entries) |dbeta| << |D||v|, so the bf16 rounding of M, dVn, dW, b v, Kb in
  * M^T dVn and in dM (whose errors do not cancel between the two terms: one went through bf16 M,
  * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
- * smem fp32: M, dM, X [C][CS]; dVn [C][VS]; dW, Kb [C][KS]; b [C];
- *      bf16: dO, Vn, v (raw input: exact) [C][VB]
- * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA = s dO Vn^T from an fp32
- * Vn tile (P_3TF32A: dO exact) that lives where dM and X go later (a barrier between dA and
- * dM), so no bf16 Vn tile: [C][max(2 CS, VS)] floats for Vn / dM, X. */
+ * smem fp32: M [C][CS]; Vn, later dM and X: [C][max(2 CS, VS)] (a barrier between dA and dM);
+ *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB].
+ * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec) {
-  if (prec) {
-    int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
-    return (size_t)(2 * C * (r16(V) + 8)) * 2 +
-           (size_t)(C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
-  }
-  return (size_t)(3 * C * (r16(V) + 8)) * 2 +
-         (size_t)(3 * C * (C + 4) + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
+  (void)prec;   /* one layout for both: see bwd_mat_tc */
+  int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
+  return (size_t)(2 * C * (r16(V) + 8)) * 2 +
+         (size_t)(C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
 template <bool PR>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
-  int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* PR: the Vn / dM, X region */
-  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = PR ? dM + U : X + C * CS, *dWs = dVs + C * VS,
-        *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: PR only, dead before dM */
-  sbf *dO = (sbf *)(bs + C), *Vn = dO + C * VB, *Vr = PR ? Vn : Vn + C * VB;   /* Vn: !PR only */
-  /* staging: fp32 tiles by cp.async (zero-filled), the converted ones with batched loads */
+  int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* the Vn / dM, X region */
+  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = dM + U, *dWs = dVs + C * VS,
+        *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: dead before dM */
+  sbf *dO = (sbf *)(bs + C), *Vr = dO + C * VB;
+  PH_INIT(4);
+  /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
+   * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
+   * k_intra_tc wrote it, raw bf16 dO and v. It used to convert vn and form Kb (three loads per
+   * element) with batched loads, ~50% of the kernel's time at K = V = 128. */
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
   cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
-  if (PR) cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
   for (int r = threadIdx.x; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  if constexpr (PR)
-    batched<8>(C * V16, [&](int e) {
-      int i = e / V16, c = e % V16;
-      bool ok = i < n && c < V;
-      return make_float2(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? ldb(v, ROWI(i) * V + c) : 0.f);
-    }, [&](int e, float2 x) {
-      int i = e / V16, c = e % V16;
-      dO[i * VB + c] = __float2bfloat16(x.x), Vr[i * VB + c] = __float2bfloat16(x.y);   /* exact */
-    });
-  else
-    batched<8>(C * V16, [&](int e) {
-      int i = e / V16, c = e % V16;
-      bool ok = i < n && c < V;
-      return make_float3(ok ? ldb(dout, ROWI(i) * V + c) : 0.f, ok ? w.vn[ROWI(i) * V + c] : 0.f,
-                         ok ? ldb(v, ROWI(i) * V + c) : 0.f);
-    }, [&](int e, float3 x) {
-      int i = e / V16, c = e % V16;
-      dO[i * VB + c] = __float2bfloat16(x.x), Vn[i * VB + c] = __float2bfloat16(x.y);
-      Vr[i * VB + c] = __float2bfloat16(x.z);        /* exact: x.z is a bf16 value */
-    });
-  batched<8>(C * K16, [&](int e) {
-    int i = e / K16, d = e % K16;
-    int64_t gi = ROWI(i) * K + d;
-    return i < n && d < K ? w.b[ROWI(i)] * w.kn[gi] * __expf(w.G[gi]) : 0.f;
-  }, [&](int e, float x) { Kb[(e / K16) * KS + e % K16] = x; });
+  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
   cp_wait();
   __syncthreads();
-  /* dA = s tril(dO Vn^T) */
-  if constexpr (PR) {
-    mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                      [&](int c, int j) { return VnF[j * VS + c]; },
-                      [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
-    __syncthreads();                               /* every warp done with VnF before dM overwrites it */
-  } else
-    mma_blk<P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                    [&](int c, int j) { return f(Vn[j * VB + c]); },
-                    [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+  PH(0);
+  /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
+  mma_blk<PR ? P_3TF32A : P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                                  [&](int c, int j) { return VnF[j * VS + c]; },
+                                  [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+  __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
+  PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
   mma_blk<PT>(C, C, V16 + K16,
               [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; },
               [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
               [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
   __syncthreads();
+  PH(2);
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
   mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; },
               [&](int m, int j) { return Ms[j * CS + m]; },
               [&](int i, int j, float x) { X[i * CS + j] = x; });
   __syncthreads();
+  PH(3);
   /* dL = -strict-tril(M^T X) */
   mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
               [&](int m, int j) { return X[m * CS + j]; },
               [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
+  PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
   mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
               [&](int i, int c) { return dVs[i * VS + c]; },
@@ -859,11 +897,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
                   w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
                 }
               });
+  PH(5);
   /* dKb = M^T dW (tf32) */
   mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
               [&](int i, int d) { return dWs[i * KS + d]; },
               [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
   __syncthreads();                                 /* global writes above visible to the block */
+  PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   for (int j = wp; j < n; j += NT / 32) {          /* dbeta_WY: fixed-order warp sums */
     float acc = 0;
@@ -875,6 +915,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (!lane) w.db[ROWI(j)] = acc;
   }
+  PH(7);
 }
 __global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   bwd_mat_tc<false>(p, v, dout, dv, w);
@@ -896,13 +937,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
         *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C;
+  PH_INIT(5);
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
@@ -915,8 +957,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_wait();
   __syncthreads();
+  PH(0);
   for (int d = tid; d < K; d += NT) {               /* dGn with the inter-chunk dKi (before intra) */
-    float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)blockIdx.x * HV + h) * K + d];
+    float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
     for (int r0 = 0; r0 < n; r0 += 16) {            /* 16 loads in flight, summed in row order */
       float x[16];
 #pragma unroll
@@ -928,6 +971,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     dGn[d] = acc;
   }
   __syncthreads();                                  /* dKi read above before it is overwritten */
+  PH(1);
   /* inter parts (dW <- dG) fused with the diagonal blocks (exact exponent: (i,d) as a row,
    * dq_intra and R, and as a column, dk_col). Each (i,d) belongs to one thread in both, so no
    * barrier between them; the next element's three global loads are issued before this
@@ -964,6 +1008,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     w.dKi[gi] = dKi0 + col;
     w.dW[gi] = dW0 + (q * dqi - k * col);
   }
+  PH(2);
   /* off-diagonal row terms: block I against columns j < r = 16 I, factored around row r */
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
@@ -973,6 +1018,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
     }
     __syncthreads();
+    PH(3);
     /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
      * loads first, then the updates (same arithmetic as one element at a time) */
     mma_blk4<PT>(32, K16, r,
@@ -1003,6 +1049,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                        if (ok[u]) w.dKb[gi[u]] = a[u] + x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
                    }
                  });
+    PH(4);
   }
   /* off-diagonal column terms: block J against rows i > r' = 16 J + 15, factored around r' */
   for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
@@ -1015,6 +1062,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       X[(m16 + ii) * KS + d] = ii < mrow ? bs[i] * ks[i * KS + d] * s : 0.f;
     }
     __syncthreads();
+    PH(5);
     mma_blk4<PT>(16, K16, 2 * m16,
                  [&](int jj, int k) {
                    int j = 16 * J + jj;
@@ -1039,6 +1087,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                        w.dKi[gj[u]] = a[u] + y, w.dW[gj[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
                      }
                  });
+    PH(6);
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
@@ -1067,12 +1116,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     if (!lane) dbi[i] = acc;
   }
   __syncthreads();
+  PH(7);
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
   for (int d = tid; d < K; d += NT)               /* reverse cumsum + gate chain (§2.1) */
-    w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] =
+    w.gpart[((int64_t)cb * HV + h) * (K + 1) + d] =
         gate_chain_col(p, w, g, dt_bias, A_log != NULL, dg, t0, h, n, d, dGn[d], ea, &dAl);
   dAl = block_sum(dAl, red);
-  if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
+  if (tid == 0) w.gpart[((int64_t)cb * HV + h) * (K + 1) + K] = dAl;
+  PH(8);
   for (int r = tid; r < n; r += NT) {              /* beta chain (§2.2) */
     float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
     if (p.beta_mode) {
@@ -1081,6 +1132,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
     stb(dbeta, ROWI(r), db);
   }
+  PH(9);
 }
 __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
@@ -1092,3 +1144,27 @@ __global__ void __launch_bounds__(NT, 1) k_bwd_final_tc_p(kp p, const void *g, c
                                                           void *dg, void *dbeta, ws w) {
   bwd_final_tc<true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
+
+/* ---- phase timers (KDA_PHASES builds; see kda_common.cuh) ---------------------------------- */
+#ifdef KDA_PHASES
+extern "C" void kda_phase_report(const char *title) {
+  static const char *kn[KDA_PH_KERNELS] = {"intra", "state_fwd", "state_bwd", "bwd_rows", "bwd_mat", "bwd_final"};
+  unsigned long long c[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
+  cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(c, kda_phase_cyc, sizeof c);
+  printf("# phases: %s (mean cycles per block; share of the kernel's marked time)\n", title);
+  for (int k = 0; k < KDA_PH_KERNELS; k++) {
+    unsigned long long nb = c[k][KDA_PH_PHASES], tot = 0;
+    if (!nb) continue;
+    for (int ph = 0; ph < KDA_PH_PHASES; ph++) tot += c[k][ph];
+    printf("%-10s %6llu blocks %9.0f cyc/block:", kn[k], nb, (double)tot / nb);
+    for (int ph = 0; ph < KDA_PH_PHASES; ph++)
+      if (c[k][ph]) printf("  p%d %.0f (%.0f%%)", ph, (double)c[k][ph] / nb, 100.0 * c[k][ph] / tot);
+    printf("\n");
+  }
+  memset(c, 0, sizeof c);
+  cudaMemcpyToSymbol(kda_phase_cyc, c, sizeof c);
+}
+#else
+extern "C" void kda_phase_report(const char *title) { (void)title; }
+#endif
