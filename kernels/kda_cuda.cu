@@ -697,7 +697,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     if (vt) sm = smv;
     auto kern = prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NT, sm, st>>>(p, v, w, vt);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NTC, sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -782,17 +782,17 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     sm = smem_rows_tc(a->chunk, a->K, a->V, prec);
     auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-    krw<<<gc, NT, sm, st>>>(p, dout, w);
+    krw<<<gc, NTC, sm, st>>>(p, dout, w);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V, prec);
     auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
-    kmt<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
+    kmt<<<gc, NTC, sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     auto kfn = prec ? k_bwd_final_tc_p : k_bwd_final_tc;
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
-    kfn<<<gc, NT, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    kfn<<<gc, NTC, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

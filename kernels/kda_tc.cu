@@ -12,6 +12,8 @@ __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
+/* the block's threads: NTC for the chunk kernels, NT for the state passes (the helpers serve both) */
+#define BT ((int)blockDim.x)
 
 /* The 4 outputs of one mma_blk4 epilogue call: rows row0 + {0, 0, 8, 8}, columns d0 + {0, 1,
  * 0, 1}; ok where inside n rows and K columns; g the row-major index of row rowi(r). */
@@ -233,13 +235,13 @@ static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, in
                                                    bool al, RP rowp) {
   if (al && cols % 4 == 0) {
     int c4 = Cp >> 2;
-    for (int e = threadIdx.x; e < R * c4; e += NT) {
+    for (int e = threadIdx.x; e < R * c4; e += BT) {
       int r = e / c4, c = (e % c4) << 2;
       bool ok = r < rows && c < cols;
       cp16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
     }
   } else {
-    for (int e = threadIdx.x; e < R * Cp; e += NT) {
+    for (int e = threadIdx.x; e < R * Cp; e += BT) {
       int r = e / Cp, c = e % Cp;
       bool ok = r < rows && c < cols;
       cp4(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
@@ -251,14 +253,14 @@ static __device__ __forceinline__ bool al16(const void *p) { return ((uintptr_t)
 /* for e < total: st(e, ld(e)), U loads per thread in flight before the stores */
 template <int U, class LD, class ST>
 static __device__ __forceinline__ void batched(int total, LD ld, ST st) {
-  for (int e0 = threadIdx.x; e0 < total; e0 += U * NT) {
+  for (int e0 = threadIdx.x; e0 < total; e0 += U * BT) {
     decltype(ld(0)) x[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (e0 + u * NT < total) x[u] = ld(e0 + u * NT);
+      if (e0 + u * BT < total) x[u] = ld(e0 + u * BT);
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (e0 + u * NT < total) st(e0 + u * NT, x[u]);
+      if (e0 + u * BT < total) st(e0 + u * BT, x[u]);
   }
 }
 
@@ -271,7 +273,7 @@ static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int
                                                     const void *src, int64_t t0, int64_t HV, int64_t h) {
   const sbf *g = (const sbf *)src;
   if (V % 8 == 0 && al16(src)) {
-    for (int e = threadIdx.x; e < C * (V16 / 8); e += NT) {
+    for (int e = threadIdx.x; e < C * (V16 / 8); e += BT) {
       int i = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
       bool ok = i < n && c < V;
       cp16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
@@ -318,14 +320,14 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
   }
   for (int I = 1; I < nb; I++) {
     __syncthreads();
-    for (int e = threadIdx.x; e < I * 256; e += NT) {   /* T_IJ */
+    for (int e = threadIdx.x; e < I * 256; e += BT) {   /* T_IJ */
       int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
       float acc = 0.f;
       for (int m = 16 * J; m < 16 * I; m++) acc += L[(16 * I + r) * CS + m] * M[m * CS + 16 * J + c];
       T[r * C + 16 * J + c] = acc;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < I * 256; e += NT) {   /* M_IJ = -M_II T_IJ */
+    for (int e = threadIdx.x; e < I * 256; e += BT) {   /* M_IJ = -M_II T_IJ */
       int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
       float acc = 0.f;
       for (int m = 0; m <= r; m++) acc += M[(16 * I + r) * CS + 16 * I + m] * T[m * C + 16 * J + c];
@@ -363,18 +365,18 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
     cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
     if (vt)
-      for (int e = tid; e < C * (V16 / 8); e += NT) {
+      for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
         bool ok = r < n && c < V;
         cp16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
       }
   }
-  for (int e = tid; e < C * CS; e += NT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
-  for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  for (int e = tid; e < C * CS; e += BT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
+  for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_wait();
   __syncthreads();
   PH(0);
-  for (int d = tid; d < K16; d += NT) {            /* cumsum; pad rows repeat the last value so
+  for (int d = tid; d < K16; d += BT) {            /* cumsum; pad rows repeat the last value so
                                                       that every factor exponent stays <= 0 */
     float acc = 0;
     for (int r = 0; r < C; r++) {
@@ -386,7 +388,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   __syncthreads();
   PH(1);
   /* diagonal 16x16 blocks: exact per-pair exponent (any decay) */
-  for (int e = tid; e < (C / 16) * 256; e += NT) {
+  for (int e = tid; e < (C / 16) * 256; e += BT) {
     int I = e >> 8, i = 16 * I + ((e >> 4) & 15), j = 16 * I + (e & 15);
     if (j > i || i >= n) continue;
     float aq = 0, ak = 0;
@@ -402,11 +404,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
     __syncthreads();
-    for (int e = tid; e < r * K16; e += NT) {      /* X[j] = k_j e^{G_r - G_j}, j < r */
+    for (int e = tid; e < r * K16; e += BT) {      /* X[j] = k_j e^{G_r - G_j}, j < r */
       int j = e / K16, d = e % K16;
       X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
     }
-    for (int e = tid; e < 16 * K16; e += NT) {     /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
+    for (int e = tid; e < 16 * K16; e += BT) {     /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
       int ii = e / K16, d = e % K16, i = r + ii;
       float s = __expf(Gs[i * KS + d] - Gs[r * KS + d]);
       Y[ii * KS + d] = qs[i * KS + d] * s, Y[(16 + ii) * KS + d] = ks[i * KS + d] * s;
@@ -431,13 +433,13 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * here in bf16 instead (same rounding of the same fp32 values: bit-identical operands), half
    * the bytes and ready for 16-byte cp.async (rows of K16 with zero pad columns for W, qg, kg).
    * PR: the same tiles in fp32 (rows of K16, and of C for Aqk) */
-  for (int e = tid; e < n * C; e += NT) {
+  for (int e = tid; e < n * C; e += BT) {
     int i = e / C, j = e % C;
     if (PR) w.Aqk[ROWI(i) * C + j] = As[i * CS + j];
     else w.Ab[ROWI(i) * C + j] = __float2bfloat16(As[i * CS + j]);   /* zero above the diagonal and past n */
     w.M[ROWI(i) * C + j] = Ms[i * CS + j];
   }
-  for (int e = tid; e < n * K16; e += NT) {        /* kg, s qg (bf16 or PR fp32, pad columns zero) */
+  for (int e = tid; e < n * K16; e += BT) {        /* kg, s qg (bf16 or PR fp32, pad columns zero) */
     int r = e / K16, d = e % K16;
     float G = Gs[r * KS + d], Gn = Gs[(n - 1) * KS + d];
     float kg = ks[r * KS + d] * __expf(Gn - G), qg = qs[r * KS + d] * __expf(G);
@@ -451,7 +453,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   PH(6);
-  for (int e = tid; e < C * K16; e += NT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
+  for (int e = tid; e < C * K16; e += BT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
     int r = e / K16, d = e % K16;
     float kb = ks[r * KS + d] * (bs[r] * __expf(Gs[r * KS + d]));
     ks[r * KS + d] = kb;
@@ -480,8 +482,8 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
               [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
   PH(9);
 }
-__global__ void __launch_bounds__(NT) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NT) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true>(p, v, w, vt); }
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
 /* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
@@ -542,7 +544,7 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
   int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
   if (parts & (SG_W | SG_QG | SG_KG))
-    for (int e = threadIdx.x; e < C * kc; e += NT) {
+    for (int e = threadIdx.x; e < C * kc; e += BT) {
       int i = e / kc, d = (e % kc) << LE;
       bool ok = i < m;
       int64_t gi = ((t0 + (ok ? i : 0)) * HV + h) * K16 + d;
@@ -551,7 +553,7 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
       if (parts & SG_KG) cp16(t.kg + i * t.KB + d, st_src<T>::kg(w) + gi, ok);
     }
   if (parts & SG_A)
-    for (int e = threadIdx.x; e < C * cc; e += NT) {
+    for (int e = threadIdx.x; e < C * cc; e += BT) {
       int i = e / cc, j = (e % cc) << LE;
       bool ok = i < m;
       cp16(t.A + i * t.CB + j, st_src<T>::A(w) + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
@@ -562,31 +564,31 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   if (parts & SG_DO) {
     const bf16 *g = (const bf16 *)dout;
     if (V % 8 == 0 && al16(dout)) {
-      for (int e = threadIdx.x; e < C * (BVT / 8); e += NT) {
+      for (int e = threadIdx.x; e < C * (BVT / 8); e += BT) {
         int i = e / (BVT / 8), c = (e % (BVT / 8)) << 3;
         bool ok = i < m && c0 + c < V;
         cp16(t.dO + i * t.DB + c, g + ((t0 + (ok ? i : 0)) * HV + h) * V + c0 + (ok ? c : 0), ok);
       }
     } else
-      for (int e = threadIdx.x; e < C * BVT; e += NT) {
+      for (int e = threadIdx.x; e < C * BVT; e += BT) {
         int i = e / BVT, c = e % BVT;
         t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[((t0 + i) * HV + h) * V + c0 + c] : __float2bfloat16(0.f);
       }
   }
   if (parts & SG_EN)
-    for (int d = threadIdx.x; d < K16; d += NT)
+    for (int d = threadIdx.x; d < K16; d += BT)
       t.en[d] = d < p.K ? __expf(w.G[((t0 + m - 1) * HV + h) * p.K + d]) : 0.f;
 }
 template <class T>
 static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
-  for (int e = threadIdx.x; e < t.K16 * BVT; e += NT) {
+  for (int e = threadIdx.x; e < t.K16 * BVT; e += BT) {
     int d = e / BVT, c = e % BVT;
     t.S[d * t.SB + c] = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
   }
 }
 template <class T>
 static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
-  for (int e = threadIdx.x; e < p.K * BVT; e += NT) {
+  for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
     int d = e / BVT, c = e % BVT;
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
@@ -741,7 +743,8 @@ static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int ch
                                                 const float *gdS) {
   int64_t K = p.K, V = p.V, HV = p.HV;
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  constexpr int RB = 4, NW = NT / 32;
+  constexpr int RB = 4;
+  const int NW = BT / 32;
   for (int64_t d0 = wp; d0 < K; d0 += RB * NW) {
     float acc[RB] = {};
     for (int64_t cb = 0; cb < V; cb += 128) {
@@ -816,8 +819,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
               });
   PH(4);
 }
-__global__ void __launch_bounds__(NT) k_bwd_rows_tc(kp p, const void *dout, ws w) { bwd_rows_tc<false>(p, dout, w); }
-__global__ void __launch_bounds__(NT) k_bwd_rows_tc_p(kp p, const void *dout, ws w) { bwd_rows_tc<true>(p, dout, w); }
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w) { bwd_rows_tc<false>(p, dout, w); }
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w) { bwd_rows_tc<true>(p, dout, w); }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
  * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that
@@ -858,7 +861,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
   cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
   cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
-  for (int r = threadIdx.x; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
   cp_wait();
@@ -905,7 +908,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  for (int j = wp; j < n; j += NT / 32) {          /* dbeta_WY: fixed-order warp sums */
+  for (int j = wp; j < n; j += BT / 32) {          /* dbeta_WY: fixed-order warp sums */
     float acc = 0;
     for (int64_t c = lane; c < V; c += 32) acc += w.vn[ROWI(j) * V + c];
     for (int64_t d = lane; d < K; d += 32) {
@@ -917,10 +920,10 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   }
   PH(7);
 }
-__global__ void __launch_bounds__(NT) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+__global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   bwd_mat_tc<false>(p, v, dout, dv, w);
 }
-__global__ void __launch_bounds__(NT) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
+__global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
   bwd_mat_tc<true>(p, v, dout, dv, w);
 }
 
@@ -954,11 +957,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
     cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
   }
-  for (int r = tid; r < C; r += NT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_wait();
   __syncthreads();
   PH(0);
-  for (int d = tid; d < K; d += NT) {               /* dGn with the inter-chunk dKi (before intra) */
+  for (int d = tid; d < K; d += BT) {               /* dGn with the inter-chunk dKi (before intra) */
     float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
     for (int r0 = 0; r0 < n; r0 += 16) {            /* 16 loads in flight, summed in row order */
       float x[16];
@@ -982,12 +985,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     int64_t gi = ROWI(tid / K) * K + tid % K;
     pkb = w.dKb[gi], pki = w.dKi[gi], pq = w.dQ[gi];
   }
-  for (int e = tid; e < nK; e += NT) {
+  for (int e = tid; e < nK; e += BT) {
     int i = e / K, d = e % K, I0 = i & ~15;
     int64_t gi = ROWI(i) * K + d;
     float dkb = pkb, dki = pki, dq0 = pq;
-    if (e + NT < nK) {
-      int64_t gn = ROWI((e + NT) / K) * K + (e + NT) % K;
+    if (e + BT < nK) {
+      int64_t gn = ROWI((e + BT) / K) * K + (e + BT) % K;
       pkb = w.dKb[gn], pki = w.dKi[gn], pq = w.dQ[gn];
     }
     float q = qs[i * KS + d], k = ks[i * KS + d], eg = __expf(Gs[i * KS + d]), b = bs[i];
@@ -1013,7 +1016,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
     __syncthreads();
-    for (int e = tid; e < r * K16; e += NT) {
+    for (int e = tid; e < r * K16; e += BT) {
       int j = e / K16, d = e % K16;
       X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
     }
@@ -1055,7 +1058,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
     int rp = 16 * J + 15, mrow = n - rp - 1, m16 = r16(mrow);
     __syncthreads();
-    for (int e = tid; e < m16 * K16; e += NT) {     /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
+    for (int e = tid; e < m16 * K16; e += BT) {     /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
       int ii = e / K16, d = e % K16, i = rp + 1 + ii;
       float s = ii < mrow ? __expf(Gs[i * KS + d] - Gs[rp * KS + d]) : 0.f;
       X[ii * KS + d] = ii < mrow ? qs[i * KS + d] * s : 0.f;
@@ -1091,7 +1094,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
-  for (int i = wp; i < n; i += NT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
+  for (int i = wp; i < n; i += BT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
     float acc = 0, b = bs[i];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
@@ -1118,13 +1121,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   __syncthreads();
   PH(7);
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
-  for (int d = tid; d < K; d += NT)               /* reverse cumsum + gate chain (§2.1) */
+  for (int d = tid; d < K; d += BT)               /* reverse cumsum + gate chain (§2.1) */
     w.gpart[((int64_t)cb * HV + h) * (K + 1) + d] =
         gate_chain_col(p, w, g, dt_bias, A_log != NULL, dg, t0, h, n, d, dGn[d], ea, &dAl);
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[((int64_t)cb * HV + h) * (K + 1) + K] = dAl;
   PH(8);
-  for (int r = tid; r < n; r += NT) {              /* beta chain (§2.2) */
+  for (int r = tid; r < n; r += BT) {              /* beta chain (§2.2) */
     float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
     if (p.beta_mode) {
       float s = sigm(x);
@@ -1134,12 +1137,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   PH(9);
 }
-__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, ws w) {
   bwd_final_tc<false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
-__global__ void __launch_bounds__(NT, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
                                                           const float *A_log, const float *dt_bias,
                                                           void *dg, void *dbeta, ws w) {
   bwd_final_tc<true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
