@@ -132,6 +132,7 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
     float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 16) {
       if (P == P_BF16) {
         int ka = k0 + 2 * t;
@@ -295,6 +296,52 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V) {
 /* the raw v tile (bf16 [C][r16(V)+8]) after the rest, when it fits (vt = 1, V % 8 == 0) */
 size_t smem_intra_vtile(int64_t C, int64_t V) { return (size_t)C * (r16(V) + 8) * 2; }
 
+/* G[r][d] <- sum_{r' <= r, r' < n} G[r'][d] for r < C (pad rows repeat the last value, so that
+ * every factor exponent stays <= 0), handing out(r, d, G) the rows r < n, columns d < K.
+ * Segmented when the block has a thread per (segment, column) to spare: each thread scans
+ * its segment of rows, then adds the total of the segments above it, formed in segment order
+ * as T_s = T_(s-1) + last_(s-1): every step adds a value <= 0, so G stays non-increasing down
+ * the rows exactly (rounding is monotone), which the factored exponents rely on. It was one
+ * thread per column over all C rows (a quarter of the threads busy, C dependent steps). */
+template <class FO>
+static __device__ void chunk_cumsum(float *G, int GS, int C, int K16, int n, int K, FO out) {
+  int nseg = BT / K16;
+  while (nseg > 1 && C % nseg) nseg--;
+  if (nseg < 2) {
+    for (int d = threadIdx.x; d < K16; d += BT) {
+      float acc = 0;
+      for (int r = 0; r < C; r++) {
+        if (r < n) acc += G[r * GS + d];
+        G[r * GS + d] = acc;
+        if (r < n && d < K) out(r, d, acc);
+      }
+    }
+    __syncthreads();
+    return;
+  }
+  int L = C / nseg, sg = threadIdx.x / K16, d = threadIdx.x % K16, r0 = sg * L;
+  bool mine = sg < nseg;
+  if (mine) {
+    float acc = 0;
+    for (int r = r0; r < r0 + L; r++) {
+      if (r < n) acc += G[r * GS + d];
+      G[r * GS + d] = acc;
+    }
+  }
+  __syncthreads();
+  float T = 0;
+  if (mine)
+    for (int s2 = 0; s2 < sg; s2++) T += G[((s2 + 1) * L - 1) * GS + d];
+  __syncthreads();
+  if (mine)
+    for (int r = r0; r < r0 + L; r++) {
+      float x = T + G[r * GS + d];
+      G[r * GS + d] = x;
+      if (r < n && d < K) out(r, d, x);
+    }
+  __syncthreads();
+}
+
 /* M = (I + L)^-1 for a strictly lower triangular L [C][CS] (fp32; C a multiple of 16, rows
  * past the chunk zero), blocked by 16 (KDA.md §3.2's block recursion, in fp32):
  *   1. warp b inverts diagonal block b by forward substitution, lane j holding column j in
@@ -376,16 +423,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   cp_wait();
   __syncthreads();
   PH(0);
-  for (int d = tid; d < K16; d += BT) {            /* cumsum; pad rows repeat the last value so
-                                                      that every factor exponent stays <= 0 */
-    float acc = 0;
-    for (int r = 0; r < C; r++) {
-      if (r < n) acc += Gs[r * KS + d];
-      Gs[r * KS + d] = acc;
-      if (r < n && d < K) w.G[ROWI(r) * K + d] = acc;
-    }
-  }
-  __syncthreads();
+  chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) { w.G[ROWI(r) * K + d] = x; });
   PH(1);
   /* diagonal 16x16 blocks: exact per-pair exponent (any decay) */
   for (int e = tid; e < (C / 16) * 256; e += BT) {
