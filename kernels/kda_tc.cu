@@ -999,55 +999,83 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   cp_wait();
   __syncthreads();
   PH(0);
-  for (int d = tid; d < K; d += BT) {               /* dGn with the inter-chunk dKi (before intra) */
-    float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
-    for (int r0 = 0; r0 < n; r0 += 16) {            /* 16 loads in flight, summed in row order */
-      float x[16];
+  {                                                 /* dGn with the inter-chunk dKi (before intra) */
+    /* rows split in 16-row groups, one thread per (group, column) (all the block's threads,
+     * 16 loads in flight each); the group sums go to X (free until the off-diagonal terms)
+     * and are added in group order */
+    int ng = (n + 15) / 16;
+    for (int e = tid; e < ng * (int)K; e += BT) {
+      int r0 = (e / (int)K) * 16, d = e % (int)K;
+      float x[16], acc = 0;
 #pragma unroll
       for (int u = 0; u < 16; u++) x[u] = r0 + u < n ? w.dKi[ROWI(r0 + u) * K + d] : 0.f;
 #pragma unroll
       for (int u = 0; u < 16; u++)
         if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
+      X[(r0 / 16) * KS + d] = acc;
     }
-    dGn[d] = acc;
+    __syncthreads();
+    for (int d = tid; d < K; d += BT) {
+      float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
+      for (int gq = 0; gq < ng; gq++) acc += X[gq * KS + d];
+      dGn[d] = acc;
+    }
   }
   __syncthreads();                                  /* dKi read above before it is overwritten */
   PH(1);
-  /* inter parts (dW <- dG) fused with the diagonal blocks (exact exponent: (i,d) as a row,
-   * dq_intra and R, and as a column, dk_col). Each (i,d) belongs to one thread in both, so no
-   * barrier between them; the next element's three global loads are issued before this
-   * element's arithmetic (software pipelining: one exposed latency per thread, not 32). */
-  int nK = n * (int)K;
-  float pkb = 0, pki = 0, pq = 0;
-  if (tid < nK) {
-    int64_t gi = ROWI(tid / K) * K + tid % K;
-    pkb = w.dKb[gi], pki = w.dKi[gi], pq = w.dQ[gi];
-  }
-  for (int e = tid; e < nK; e += BT) {
-    int i = e / K, d = e % K, I0 = i & ~15;
-    int64_t gi = ROWI(i) * K + d;
-    float dkb = pkb, dki = pki, dq0 = pq;
-    if (e + BT < nK) {
-      int64_t gn = ROWI((e + BT) / K) * K + (e + BT) % K;
-      pkb = w.dKb[gn], pki = w.dKi[gn], pq = w.dQ[gn];
+  /* inter parts (dW <- dG) fused with the diagonal blocks (exact exponent). A thread owns one
+   * column d of one 16-row block: G and k of its 16 rows in registers, each pair's e^{G_i - G_j}
+   * formed once and used twice, as row i's term (dq_intra, R) and as column j's (dk_col);
+   * dA, dL are broadcast loads. Sums run in the same order as one element at a time (j up for
+   * a row, i up for a column). It was a thread per element recomputing each pair's exponent
+   * for the row and for the column terms and reloading G, k per pair: 31% of the kernel. */
+  for (int e = tid; e < (C / 16) * (int)K; e += BT) {
+    int I0 = (e / (int)K) * 16, d = e % (int)K;
+    if (I0 >= n) continue;
+    float gr[16], kr[16], dqi[16], R[16], col[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      gr[i] = Gs[(I0 + i) * KS + d], kr[i] = ks[(I0 + i) * KS + d], dqi[i] = R[i] = col[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
+      const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dLs + (I0 + i) * CS + I0;
+      float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
+#pragma unroll
+      for (int j = 0; j <= i; j++) {
+        float E = __expf(gr[i] - gr[j]), kj = kr[j] * E, a = dAr[j];
+        dqi[i] += a * kj;
+        if (j < i) {
+          float l = dLr[j];
+          R[i] += l * kj;
+          col[j] += (a * qi + l * bki) * E;
+        } else
+          col[j] += (a * qi + 0.f) * E;
+      }
     }
-    float q = qs[i * KS + d], k = ks[i * KS + d], eg = __expf(Gs[i * KS + d]), b = bs[i];
-    float dW0 = q * dq0 - k * dki + b * k * eg * dkb, dKi0 = dki + dkb * b * eg;
-    float Gi = Gs[i * KS + d], dqi = 0, R = 0, col = 0;
-    for (int j = I0; j <= i; j++) {
-      float E = __expf(Gi - Gs[j * KS + d]), kj = ks[j * KS + d] * E;
-      dqi += dAs[i * CS + j] * kj;
-      if (j < i) R += dLs[i * CS + j] * kj;
+#pragma unroll
+    for (int i0 = 0; i0 < 16; i0 += 4) {            /* 4 elements' global loads in flight */
+      float dkb[4], dki[4], dq0[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (I0 + i0 + u < n) {
+          int64_t gi = ROWI(I0 + i0 + u) * K + d;
+          dkb[u] = w.dKb[gi], dki[u] = w.dKi[gi], dq0[u] = w.dQ[gi];
+        }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int i = i0 + u;
+        if (I0 + i >= n) break;
+        int64_t gi = ROWI(I0 + i) * K + d;
+        float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = __expf(Gs[(I0 + i) * KS + d]),
+              b = bs[I0 + i];                      /* reloaded: gr, kr die after the pair loop */
+        float dW0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
+        w.dQ[gi] = dq0[u] + dqi[i];
+        w.dKb[gi] = R[i];
+        w.dKi[gi] = dKi0 + col[i];
+        w.dW[gi] = dW0 + (q * dqi[i] - k * col[i]);
+      }
     }
-    int iend = I0 + 16 < n ? I0 + 16 : n;
-    for (int r = i; r < iend; r++) {
-      float E = __expf(Gs[r * KS + d] - Gi);
-      col += (dAs[r * CS + i] * qs[r * KS + d] + (r > i ? dLs[r * CS + i] * bs[r] * ks[r * KS + d] : 0.f)) * E;
-    }
-    w.dQ[gi] = dq0 + dqi;
-    w.dKb[gi] = R;
-    w.dKi[gi] = dKi0 + col;
-    w.dW[gi] = dW0 + (q * dqi - k * col);
   }
   PH(2);
   /* off-diagonal row terms: block I against columns j < r = 16 I, factored around row r */
