@@ -668,15 +668,21 @@ static int use_precise(const kda_kda_args *a, const float *dA_log, const float *
  * in the device's shared memory (e.g. K = 256 at chunk 64, or V = 256 with K = 128 in the
  * backward): then version 1 runs the whole call. Read per call, so a test can flip it.
  * prec: the backward's precise kernels (their tiles are sized apart). */
-static int use_tc(const kda_kda_args *a, int backward, int prec) {
-  const char *e = getenv("KDA_KDA_SIMPLE");
-  if (e && *e && strcmp(e, "0") != 0) return 0;
+/* the device's opt-in shared memory per block, 0 when it cannot be read */
+static int smem_optin_limit(void) {
   int dev, lim;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
+  return lim;
+}
+static int use_tc(const kda_kda_args *a, int backward, int prec) {
+  const char *e = getenv("KDA_KDA_SIMPLE");
+  if (e && *e && strcmp(e, "0") != 0) return 0;
+  int lim = smem_optin_limit();
+  if (!lim) return 0;
   size_t need = smem_intra_tc(a->chunk, a->K, a->V);
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;
@@ -700,10 +706,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   if (tc) {
     /* vt: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others */
     size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
-    int dev, lim, vt = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
-      vt = smv <= (size_t)lim && a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
+    int vt = smv <= (size_t)smem_optin_limit() && a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
     if (vt) sm = smv;
     auto kern = prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;

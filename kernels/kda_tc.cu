@@ -1,8 +1,9 @@
 /* kda_tc.cu — version 2 of the CUDA KDA chunked kernels: tensor-core MMAs (mma.sync) for every
  * GEMM-shaped step. Launched by kernels/kda_cuda.cu (the host side, the shared pipeline and
- * version 1); the scratch layout and helpers are in kernels/kda_common.cuh. ~1,100 lines for
+ * version 1); the scratch layout and helpers are in kernels/kda_common.cuh. ~1,240 lines for
  * one idea: the six version-2 kernels, their precise backward twins instantiated from the
- * same templates (so a fix lands in both), and the MMA-block and staging helpers they share. */
+ * same templates (so a fix lands in both), the MMA-block, staging, cumsum and triangular-
+ * inverse helpers they share, and the phase timers' report (profiling builds). */
 #include <type_traits>
 #include "kda_common.cuh"
 #ifdef KDA_PHASES
@@ -59,8 +60,10 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
  *     dbeta by warp-per-row fixed-order sums: the backward is bit-reproducible.
  * Predicted before the first run: fwd+bwd (8,2048,16,128) from 109 ms (version 1) to
  * ~5-10 ms. Measured on the H200 (benches/history.tsv): 26.35 ms as first written, 19.28 ms
- * after the staging rewrite (revision 024ea8f); the §8 target (1.9 ms) needs the blocked
- * triangular inverse and fused backward chunk kernels (docs/kda.md).
+ * after the staging rewrite (024ea8f), 11.54 ms after the blocked inverse, all-cp.async
+ * staging, 512-thread chunk kernels and the register-resident diagonal blocks of the intra
+ * backward (c79bf6b); the §8 target (1.9 ms) needs ldmatrix operand fetch and less recompute
+ * (docs/kda.md "Missing / next").
  *
  * ---- precise backward (the _p twins: k_intra_tc_p, k_state_bwd_tc_p, k_bwd_rows_tc_p,
  * k_bwd_mat_tc_p, k_bwd_final_tc_p; the host picks them when dA_log / ddt_bias are asked for
