@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # benches/device_run.sh MODE — one call on the lent H200 (make the bundle first: benches/bundle.sh).
-# Unpacks .devbuild/bundle.tar.xz (kda, test_cuda_ops, cuda_ops_bench, runtime libs, the small
-# prose corpus) and, when present, .devbuild/data (the full prose domain, xz). Logs under $OUT
+# Unpacks .devbuild/bundle.tar.xz (kda, test_cuda_ops, cuda_ops_bench, the KDA kernels' test_kda_cuda,
+# kda_bench and kda_bench_phases, runtime libs, the small prose corpus) and, when present,
+# .devbuild/data (the full prose domain, xz). Logs under $OUT
 # (the device tool brings back at most 8 files: each mode writes fewer).
-#   tests     CUDA op tests (normal, then the fallback paths), the KDA kernels built on the
-#             device and their full test, memcheck on the quick KDA test
+#   tests     CUDA op tests (normal, then the fallback paths), the KDA kernels' full test,
+#             memcheck on the quick KDA test
 #   runs      tests/runs.sh and tests/lua/runs.lua with the CUDA kda (resume bit for bit after
 #             SIGKILL, corrupt checkpoints, report, sample on the GPU)
 #   racecheck the KDA kernels under racecheck, one case filter at a time (CASES="a|b|...")
 #   profile   where the time goes: KDA_CUDA_PROFILE of the GPT S, hybrid S and GPT M steps; ncu
-#             per-kernel times of the KDA fwd+bwd at three bench shapes
+#             per-kernel times of the KDA fwd+bwd at three bench shapes; the KDA kernels' phase
+#             timers (kda_bench_phases) at (8,2048,16,128)
 #   bench     benches/bench.sh (what `make bench` runs) with the bundle's binaries (SIZES="S M L")
 #   ab        one switch measured in the same run: the GPT steps with and without ${AB:-KDA_NO_FUSE}=1,
 #             alternating, per config (AB_CFGS="size=S batch=8 seq=512|..."); then the op
@@ -78,6 +80,8 @@ if [ "$MODE" = profile ]; then
       --print-summary per-kernel build/kda_gpu/kda_bench > "$OUT/kda_ncu_$sh.log" 2>&1; echo "ncu shape $sh rc=$?"
     grep -E "^  [a-zA-Z_]|gpu__time_duration|^\(" "$OUT/kda_ncu_$sh.log" | head -40
   done
+  stage "KDA kernels' phases (kda_bench_phases: cycles per block per phase, all calls of the bench)"
+  KDA_BENCH_SHAPE=0 timeout 120 build/kda_gpu/kda_bench_phases 2>&1 | tail -8 | tee "$OUT/kda_phases.log"
 fi
 
 if [ "$MODE" = bench ]; then   # bench.sh writes a dozen logs: they come back as one archive

@@ -6,7 +6,9 @@
 # Logs go to $OUT (if set, else build/kda_gpu): kda_ptxas.log (registers/spills/smem per
 # kernel), kda_sass.log (HMMA count), kda_test.log (both paths + exec nodes), kda_bench.log
 # (version 2), kda_bench_simple.log (version 1, KDA_KDA_SIMPLE=1), kda_attn_peer.log (when
-# python3 has torch). Exit status: non-zero if the test fails or a bench crashes.
+# python3 has torch). Also builds kda_bench_phases (the bench with the kernels' phase timers,
+# -DKDA_PHASES; benches/device_run.sh profile runs it). Exit status: non-zero if the test fails
+# or a bench crashes.
 # Usage: sh benches/kda_gpu.sh        (from the repository root; NVCC, ARCH may be overridden)
 set -eu
 cd "$(dirname "$0")/.."
