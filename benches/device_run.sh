@@ -85,6 +85,7 @@ if [ "$MODE" = profile ]; then
 fi
 
 if [ "$MODE" = bench ]; then   # bench.sh writes a dozen logs: they come back as one archive
+  build_kda                      # the bundle's KDA binaries, newer than the sources: kda_gpu.sh runs them as they are
   KDA=$KDA BIN=build/gpu OUT=/tmp/bench_out SIZES="${SIZES:-S M L}" bash benches/bench.sh
   cp benches/history.tsv "$OUT/history.tsv"
   tar -czf "$OUT/bench_logs.tgz" -C /tmp/bench_out .
