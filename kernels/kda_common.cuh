@@ -167,8 +167,8 @@ extern "C" void kda_phase_report(const char *title);   /* prints and resets; no-
 size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec);
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec);
-size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec);
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);

@@ -687,7 +687,7 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;
   if (backward) {
-    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V, prec), smem_mat_tc(a->chunk, a->K, a->V, prec),
+    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V), smem_mat_tc(a->chunk, a->K, a->V),
                    smem_final_tc(a->chunk, a->K)};
     for (size_t y : x) if (y > need) need = y;
   }
@@ -792,12 +792,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
     kst<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-    sm = smem_rows_tc(a->chunk, a->K, a->V, prec);
+    sm = smem_rows_tc(a->chunk, a->K, a->V);
     auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
     krw<<<gc, NTC, sm, st>>>(p, dout, w);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
-    sm = smem_mat_tc(a->chunk, a->K, a->V, prec);
+    sm = smem_mat_tc(a->chunk, a->K, a->V);
     auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     kmt<<<gc, NTC, sm, st>>>(p, v, dout, dv, w);

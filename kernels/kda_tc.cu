@@ -394,7 +394,7 @@ template <bool PR>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
-  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
@@ -774,8 +774,7 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *
  * rounding its staging used to do with batched converting loads, ~60% of its time at
  * K = V = 128); the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16
  * input, is exact in tf32: P_3TF32A). */
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V, int prec) {
-  (void)prec;
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants */
   return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
@@ -873,8 +872,7 @@ __global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, w
  * smem fp32: M [C][CS]; Vn, later dM and X: [C][max(2 CS, VS)] (a barrier between dA and dM);
  *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB].
  * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
-size_t smem_mat_tc(int64_t C, int64_t K, int64_t V, int prec) {
-  (void)prec;   /* one layout for both: see bwd_mat_tc */
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both variants */
   int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
          (size_t)(C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
@@ -883,7 +881,7 @@ template <bool PR>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
-  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
