@@ -271,6 +271,69 @@ static __device__ __forceinline__ void batched(int total, LD ld, ST st) {
 static __host__ __device__ __forceinline__ int r16(int64_t x) { return (int)((x + 15) / 16 * 16); }
 typedef __nv_bfloat16 sbf;   /* bf16 shared tiles (pure MMA operands) */
 static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
+/* ---- ldmatrix MMAs: bf16 tiles (the fast state passes) ---------------------------------------
+ * bt: a bf16 shared tile seen as a logical matrix X(r, k) (A: rows i; B: X(k, n)); kc = 1 when
+ * k is the contiguous index (A stored [i][ld], B stored [n][ld]), 0 when the other one is
+ * (A stored [k][ld] = A transposed, B stored [k][ld]). Rows 16-byte aligned (ld % 8 == 0),
+ * zero-padded like the mma_blk tiles. A fragment = one ldmatrix.x4 (.trans for kc = 0 A), a B
+ * fragment one .x2 (.trans for kc = 0 B); fragment registers as mma_blk packs them (lower
+ * k in the low half), so the products are bit-identical to mma_blk's P_BF16 on the same data. */
+struct bt {
+  const sbf *p;
+  int ld, kc;
+};
+static __device__ __forceinline__ uint32_t saddr(const sbf *x) { return (uint32_t)__cvta_generic_to_shared(x); }
+static __device__ __forceinline__ void frag_a(uint32_t a[4], const bt &A, int i0, int k0, int lane) {
+  if (A.kc)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(saddr(A.p + (i0 + (lane & 15)) * A.ld + k0 + (lane >> 4) * 8)));
+  else {
+    int mt = lane >> 3;   /* matrix mt: rows i0 + (mt & 1) * 8, k k0 + (mt >> 1) * 8 */
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(saddr(A.p + (k0 + (mt >> 1) * 8 + (lane & 7)) * A.ld + i0 + (mt & 1) * 8)));
+  }
+}
+static __device__ __forceinline__ void frag_b(uint32_t b[2], const bt &B, int k0, int n0, int lane) {
+  int l = lane & 15;   /* .x2: lanes 0-15 give the addresses */
+  if (B.kc)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(b[0]), "=r"(b[1])
+                 : "r"(saddr(B.p + (n0 + (l & 7)) * B.ld + k0 + (l >> 3) * 8)));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(b[0]), "=r"(b[1])
+                 : "r"(saddr(B.p + (k0 + l) * B.ld + n0)));
+}
+/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); tiles,
+ * ownership and the E4 epilogue as mma_blk4 (so the two may share read-modify-write targets) */
+template <class FE>
+static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 3, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sgm = 0; sgm < 2; sgm++) {
+      const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
+      int Kd = sgm ? K1 : K0;
+#pragma unroll 2
+      for (int k0 = 0; k0 < Kd; k0 += 16) {
+        uint32_t a[4], b[2];
+        frag_a(a, A, i0, k0, lane);
+        frag_b(b, B, k0, j0, lane);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      }
+    }
+    E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
+  }
+}
+
 /* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and
  * the base is 16-byte aligned (zero past n rows and V columns), else batched scalar loads */
 static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int V16, int n, int64_t V,
@@ -533,6 +596,8 @@ __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, i
  * 16-byte boundary (cp.async targets). */
 size_t smem_state_tc(int64_t C, int64_t K, int prec) {
   int64_t es = prec ? 4 : 2, KB = r16(K) + 16 / es, CB = C + 16 / es, SB = BVT + 4, DB = BVT + 8;
+  if (!prec)   /* bf16 tiles + bf16 shadows Sb [K16][DB], Vb [C][DB]; no fp32 dVn (see st_carve) */
+    return (size_t)((3 * C * KB + C * CB) * 2 + (r16(K) + 2 * C) * DB * 2) + (size_t)(r16(K) * SB + C * SB + r16(K)) * 4;
   return (size_t)((3 * C * KB + C * CB) * es + C * DB * 2) + (size_t)(r16(K) * SB + 2 * C * SB + r16(K)) * 4;
 }
 
@@ -541,19 +606,33 @@ template <class T> struct st_tiles {
   T *W, *qg, *kg, *A;
   sbf *dO;
   float *S, *Vn, *dV, *en;
+  sbf *Sb, *Vb;   /* bf16 layout only: shadows of S and of Vn (forward sweeps) / -dVn (reverse) */
   int KB, CB, SB, DB, K16;
 };
+/* The bf16 layout (the fast passes, ldmatrix operands) keeps bf16 shadows of the fp32 S and
+ * Vn written by the epilogues that form them (the same RN rounding the MMA operands had), and
+ * no fp32 dVn: [W qg kg][C][KB], A [C][CB], Sb [K16][DB], Vb [C][DB], dO [C][DB] (bf16),
+ * S [K16][SB], Vn [C][SB], en [K16] (fp32). The fp32 layout (the precise backward) as before. */
 template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm) {
   st_tiles<T> t;
   t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
   t.DB = BVT + 8;
   T *b = (T *)sm;
   t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
-  t.S = (float *)(t.A + p.C * t.CB);
-  t.Vn = t.S + t.K16 * t.SB;
-  t.dO = (sbf *)(t.Vn + p.C * t.SB);
-  t.dV = (float *)(t.dO + p.C * t.DB);
-  t.en = t.dV + p.C * t.SB;
+  if constexpr (std::is_same<T, sbf>::value) {
+    t.Sb = t.A + p.C * t.CB, t.Vb = t.Sb + t.K16 * t.DB, t.dO = t.Vb + p.C * t.DB;
+    t.S = (float *)(t.dO + p.C * t.DB);
+    t.Vn = t.S + t.K16 * t.SB;
+    t.dV = nullptr;
+    t.en = t.Vn + p.C * t.SB;
+  } else {
+    t.Sb = t.Vb = nullptr;
+    t.S = (float *)(t.A + p.C * t.CB);
+    t.Vn = t.S + t.K16 * t.SB;
+    t.dO = (sbf *)(t.Vn + p.C * t.SB);
+    t.dV = (float *)(t.dO + p.C * t.DB);
+    t.en = t.dV + p.C * t.SB;
+  }
   return t;
 }
 /* the global copies the state passes stage: bf16 (k_intra_tc) or fp32 (k_intra_tc_p) */
@@ -624,7 +703,9 @@ template <class T>
 static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
   for (int e = threadIdx.x; e < t.K16 * BVT; e += BT) {
     int d = e / BVT, c = e % BVT;
-    t.S[d * t.SB + c] = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
+    float x = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
+    t.S[d * t.SB + c] = x;
+    if (t.Sb) t.Sb[d * t.DB + c] = __float2bfloat16(x);
   }
 }
 template <class T>
@@ -634,10 +715,38 @@ static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, 
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
-/* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it */
+/* S <- e^{G_last} S + x for a thread's 4 epilogue outputs, and the bf16 shadow */
+template <class T>
+static __device__ __forceinline__ void st_s_upd(const st_tiles<T> &t, int d, int c, float x0, float x1, float x2,
+                                                float x3) {
+  float x[4] = {x0, x1, x2, x3};
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    int r = d + (u >> 1) * 8, cc = c + (u & 1);
+    float v = t.en[r] * t.S[r * t.SB + cc] + x[u];
+    t.S[r * t.SB + cc] = v;
+    t.Sb[r * t.DB + cc] = __float2bfloat16(v);
+  }
+}
+/* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
+ * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand). */
 template <int P, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
+  if constexpr (std::is_same<T, sbf>::value) {
+    mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
+            [&](int i, int c, float x0, float x1, float x2, float x3) {
+              float x[4] = {x0, x1, x2, x3};
+#pragma unroll
+              for (int u = 0; u < 4; u++) {
+                int r = i + (u >> 1) * 8, cc = c + (u & 1);
+                float v = t.Vn[r * t.SB + cc] - x[u];
+                t.Vb[r * t.DB + cc] = __float2bfloat16(v);
+                if (vn && r < m && c0 + cc < p.V) vn[((t0 + r) * p.HV + h) * p.V + c0 + cc] = v;
+              }
+            });
+    return;
+  }
   mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
              [&](int d, int c) { return t.S[d * t.SB + c]; },
              [&](int i, int c, float x) {
@@ -649,6 +758,11 @@ static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, i
 /* S <- e^{G_last} S + kg^T Vn */
 template <int P, class T>
 static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
+  if constexpr (std::is_same<T, sbf>::value) {
+    mma_ldm(t.K16, BVT, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
+            [&](int d, int c, float x0, float x1, float x2, float x3) { st_s_upd(t, d, c, x0, x1, x2, x3); });
+    return;
+  }
   mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
              [&](int i, int c) { return t.Vn[i * t.SB + c]; },
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
@@ -675,10 +789,15 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     __syncthreads();
     PH(1);
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
-    mma_blk<P_BF16>(p.C, BVT, t.K16 + p.C,
-                    [&](int i, int k) { return k < t.K16 ? f(t.qg[i * t.KB + k]) : f(t.A[i * t.CB + k - t.K16]); },
-                    [&](int k, int c) { return k < t.K16 ? t.S[k * t.SB + c] : t.Vn[(k - t.K16) * t.SB + c]; },
-                    [&](int i, int c, float x) { if (i < m && c0 + c < V) stb(o, ((t0 + i) * HV + h) * V + c0 + c, x); });
+    mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
+            [&](int i, int c, float x0, float x1, float x2, float x3) {
+              float x[4] = {x0, x1, x2, x3};
+#pragma unroll
+              for (int u = 0; u < 4; u++) {
+                int r = i + (u >> 1) * 8, cc = c + (u & 1);
+                if (r < m && c0 + cc < V) stb(o, ((t0 + r) * HV + h) * V + c0 + cc, x[u]);
+              }
+            });
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
     PH(2);
     if (ci + 1 < cl)
@@ -734,7 +853,20 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     cp_wait();
     __syncthreads();
     PH(3);
-    /* dVn = [Aqk^T | kg] [dO ; dS] */
+    /* dVn = [Aqk^T | kg] [dO ; dS]; the bf16 layout keeps -dVn in the shadow Vb (its one use:
+     * the dS update's -W^T dVn, as W^T (-dVn), the same products) */
+    if constexpr (!PR)
+      mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+              [&](int j, int c, float x0, float x1, float x2, float x3) {
+                float x[4] = {x0, x1, x2, x3};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                  int r = j + (u >> 1) * 8, cc = c + (u & 1);
+                  t.Vb[r * t.DB + cc] = __float2bfloat16(-x[u]);
+                  if (r < m && c0 + cc < V) w.dvn[((t0 + r) * HV + h) * V + c0 + cc] = x[u];
+                }
+              });
+    else
     mma_blk<P>(p.C, BVT, p.C + t.K16,
                [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
                [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.S[(k - p.C) * t.SB + c]; },
@@ -747,6 +879,10 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     if (ci > cf)
       st_stage(p, w, t, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, nullptr, SG_A | SG_KG);
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
+    if constexpr (!PR)
+      mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
+              [&](int d, int c, float x0, float x1, float x2, float x3) { st_s_upd(t, d, c, x0, x1, x2, x3); });
+    else
     mma_blk<P>(t.K16, BVT, 2 * p.C,
                [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
                [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
