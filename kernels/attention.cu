@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
+#include "mma.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define LN2F 0.69314718055994530942f
@@ -273,86 +274,10 @@ static int fwd_simple(const kda_exec_node *n, kc_ctx *c, attn_io a, int64_t B) {
  * pad shifts each row by 4 banks, so the eight 16-byte rows one ldmatrix phase reads fall in
  * 32 distinct banks, and every row stays 16-byte aligned. Only data movement lives here: every
  * accumulator sees the same mma sequence as with plain shared loads, so results are unchanged
- * (fwd and bwd outputs bitwise equal to the plain-load kernels', checked on an H200). */
+ * (fwd and bwd outputs bitwise equal to the plain-load kernels', checked on an H200). The
+ * primitives (cp_async16, ldmatrix, ldsm_*, mma16816) are in mma.cuh, shared with kda_tc.cu. */
 #define BK 64   /* keys per forward step */
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-/* 16 B global -> shared, async; ok = false reads nothing and writes 16 zero bytes (src-size 0). */
-__device__ __forceinline__ void cp_async16(void *s, const void *g, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s)),
-               "l"(__cvta_generic_to_global(g)), "r"(ok ? 16 : 0));
-}
-/* 4 B global -> shared, async (.ca: .cg copies 16 B only); ok = false writes zero. */
-__device__ __forceinline__ void cp_async4(void *s, const void *g, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(s)),
-               "l"(__cvta_generic_to_global(g)), "r"(ok ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* All but this thread's N most recent groups have landed; a __syncthreads must follow before
- * other threads read them. */
-template <int N> __device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait_group<0>(); }
-/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Register i of lane
- * l = matrix i's row l/4, columns 2(l%4), 2(l%4)+1 (low half first): a pair along a stored row. */
-__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const __nv_bfloat16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-/* Transposed: register i of lane l = matrix i's rows 2(l%4), 2(l%4)+1 at column l/4 (low half
- * first): a pair down a stored column. */
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const __nv_bfloat16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *(uint32_t *)&v;
-}
-
-/* mma.m16n8k16 fragments (g = lane/4, t = lane%4): A (16x16, row) a0..a3 = A[g][2t..],
- * A[g+8][2t..], A[g][8+2t..], A[g+8][8+2t..]; B (16x8, col) b0, b1 = B[2t..][g], B[8+2t..][g];
- * C c0..c3 = C[g][2t..], C[g+8][2t..]. Each pair is two consecutive k (A, B) or n (C) indices,
- * the lower one in the low half. */
-
-/* A fragment at rows m0.., columns k0.. of a tile stored [m][k]: matrices (m0,k0) (m0+8,k0)
- * (m0,k0+8) (m0+8,k0+8) are a0..a3, so lane l addresses row m0 + l%16, column k0 + 8(l/16). */
-template <int LD>
-__device__ __forceinline__ void ldsm_a(uint32_t *a, const __nv_bfloat16 *S, int m0, int k0,
-                                       int lane) {
-  ldmatrix_x4(a, S + (m0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
-}
-/* B fragments of n-tiles n0 and n0+8 at k0.. from a tile stored [n][k] (K in S = Q K^T: B[k][n]
- * = K[n][k], so b0 is a pair along stored row n0+g): matrices (n0,k0) (n0,k0+8) (n0+8,k0)
- * (n0+8,k0+8) are b0, b1 of n0 then b0, b1 of n0+8. */
-template <int LD>
-__device__ __forceinline__ void ldsm_b_nk(uint32_t *b, const __nv_bfloat16 *S, int n0, int k0,
-                                          int lane) {
-  ldmatrix_x4(b, S + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
-}
-/* The same from a tile stored [k][n] (V in O = P V: b0 is a pair down stored column n0+g, so
- * .trans): matrices at stored rows k0, k0+8 of columns n0 then n0+8, i.e. lane l addresses row
- * k0 + l%16, column n0 + 8(l/16). */
-template <int LD>
-__device__ __forceinline__ void ldsm_b_kn(uint32_t *b, const __nv_bfloat16 *S, int n0, int k0,
-                                          int lane) {
-  ldmatrix_x4_trans(b, S + (k0 + (lane & 15)) * LD + n0 + (lane >> 4) * 8);
-}
 /* A fragment for k-step kk from the C fragments of n-tiles 2kk and 2kk+1 (rounded to bf16). */
 __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
   a[0] = pack_bf16(c0[0], c0[1]);
@@ -420,11 +345,11 @@ __device__ __forceinline__ void qk_tile(float (*s)[4], const __nv_bfloat16 *Qs,
 #pragma unroll
   for (int ks = 0; ks < DH / 16; ks++) {
     uint32_t qa[4];
-    ldsm_a<LD>(qa, Qs, r0, ks * 16, lane);
+    ldsm_a(qa, Qs, LD, r0, ks * 16, lane);
 #pragma unroll
     for (int np = 0; np < 4; np++) {
       uint32_t bf[4];
-      ldsm_b_nk<LD>(bf, Ks, np * 16, ks * 16, lane);
+      ldsm_b_nk(bf, Ks, LD, np * 16, ks * 16, lane);
       mma16816(s[2 * np], qa, bf[0], bf[1]);
       mma16816(s[2 * np + 1], qa, bf[2], bf[3]);
     }
@@ -457,7 +382,7 @@ __global__ void __launch_bounds__(128, fwd_cfg<DH>::min_blocks)
   for (int kb = 0; kb < kend; kb += BK) {
     const int st = (kb / BK) & 1;   /* this tile's K (and, NV 2, V) buffer */
     const __nv_bfloat16 *Ks = Kb + st * TILE, *Vs = Vb + (NV == 2 ? st : 0) * TILE;
-    cp_async_wait_all();
+    cp_async_wait_group<0>();
     __syncthreads();   /* tile kb landed (V too with NV 2); every warp is done with the others */
     if (NV == 1) {
       load_rows_async<DH, BK, 128>(Vb, v + base, rs, kb, T);
@@ -526,7 +451,7 @@ __global__ void __launch_bounds__(128, fwd_cfg<DH>::min_blocks)
 #pragma unroll
       for (int dp = 0; dp < ND / 2; dp++) {
         uint32_t bf[4];
-        ldsm_b_kn<LD>(bf, Vs, dp * 16, kk * 16, lane);
+        ldsm_b_kn(bf, Vs, LD, dp * 16, kk * 16, lane);
         mma16816(oacc[2 * dp], pa, bf[0], bf[1]);
         mma16816(oacc[2 * dp + 1], pa, bf[2], bf[3]);
       }
@@ -633,7 +558,7 @@ __global__ void __launch_bounds__(128, DH == 64 ? 4 : 2)
   for (int d = 0; d < ND; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.f;
   const int kend = min(T, qb + 64);
   for (int kb = 0, st = 0; kb < kend; kb += NK, st ^= 1) {
-    cp_async_wait_all();
+    cp_async_wait_group<0>();
     __syncthreads();   /* tile kb is in stage st; every warp is done with the other stage */
     if (kb + NK < kend) {
       __nv_bfloat16 *nx = kv + (st ^ 1) * STG;
@@ -651,15 +576,15 @@ __global__ void __launch_bounds__(128, DH == 64 ? 4 : 2)
 #pragma unroll
     for (int ks = 0; ks < NKS; ks++) {
       uint32_t qa[4], oa[4];
-      ldsm_a<LD>(qa, Qs, r0, ks * 16, lane);
-      ldsm_a<LD>(oa, Os, r0, ks * 16, lane);
+      ldsm_a(qa, Qs, LD, r0, ks * 16, lane);
+      ldsm_a(oa, Os, LD, r0, ks * 16, lane);
 #pragma unroll
       for (int np = 0; np < NT / 2; np++) {
         uint32_t bf[4];
-        ldsm_b_nk<LD>(bf, Ks, np * 16, ks * 16, lane);
+        ldsm_b_nk(bf, Ks, LD, np * 16, ks * 16, lane);
         mma16816(s[2 * np], qa, bf[0], bf[1]);
         mma16816(s[2 * np + 1], qa, bf[2], bf[3]);
-        ldsm_b_nk<LD>(bf, Vs, np * 16, ks * 16, lane);
+        ldsm_b_nk(bf, Vs, LD, np * 16, ks * 16, lane);
         mma16816(dp[2 * np], oa, bf[0], bf[1]);
         mma16816(dp[2 * np + 1], oa, bf[2], bf[3]);
       }
@@ -687,7 +612,7 @@ __global__ void __launch_bounds__(128, DH == 64 ? 4 : 2)
 #pragma unroll
       for (int dp2 = 0; dp2 < ND / 2; dp2++) {
         uint32_t bf[4];
-        ldsm_b_kn<LD>(bf, Ks, dp2 * 16, kk * 16, lane);
+        ldsm_b_kn(bf, Ks, LD, dp2 * 16, kk * 16, lane);
         mma16816(acc[2 * dp2], a, bf[0], bf[1]);
         mma16816(acc[2 * dp2 + 1], a, bf[2], bf[3]);
       }
@@ -748,7 +673,7 @@ __global__ void __launch_bounds__(128, DH == 64 ? 3 : 2)
 #pragma unroll
     for (int e = 0; e < 4; e++) dka[d][e] = dva[d][e] = 0.f;
   for (int qb = kb, st = 0; qb < T; qb += NQ, st ^= 1) {
-    cp_async_wait_all();
+    cp_async_wait_group<0>();
     __syncthreads();   /* query tile qb is in stage st; every warp is done with the other stage */
     if (qb + NQ < T) {
       load_query_stage<DH, NQ>(qo + (st ^ 1) * STG, lrs + (st ^ 1) * 2 * NQ, q + base, dout + base,
@@ -767,15 +692,15 @@ __global__ void __launch_bounds__(128, DH == 64 ? 3 : 2)
 #pragma unroll
     for (int ks = 0; ks < NKS; ks++) {
       uint32_t ka[4], va[4];
-      ldsm_a<LD>(ka, Ks, r0, ks * 16, lane);
-      ldsm_a<LD>(va, Vs, r0, ks * 16, lane);
+      ldsm_a(ka, Ks, LD, r0, ks * 16, lane);
+      ldsm_a(va, Vs, LD, r0, ks * 16, lane);
 #pragma unroll
       for (int np = 0; np < NT / 2; np++) {
         uint32_t bf[4];
-        ldsm_b_nk<LD>(bf, Qs, np * 16, ks * 16, lane);
+        ldsm_b_nk(bf, Qs, LD, np * 16, ks * 16, lane);
         mma16816(s[2 * np], ka, bf[0], bf[1]);       /* S^T: rows keys, columns queries */
         mma16816(s[2 * np + 1], ka, bf[2], bf[3]);
-        ldsm_b_nk<LD>(bf, Os, np * 16, ks * 16, lane);
+        ldsm_b_nk(bf, Os, LD, np * 16, ks * 16, lane);
         mma16816(dp[2 * np], va, bf[0], bf[1]);      /* dP^T */
         mma16816(dp[2 * np + 1], va, bf[2], bf[3]);
       }
@@ -808,10 +733,10 @@ __global__ void __launch_bounds__(128, DH == 64 ? 3 : 2)
 #pragma unroll
       for (int d2 = 0; d2 < ND / 2; d2++) {
         uint32_t bf[4];
-        ldsm_b_kn<LD>(bf, Os, d2 * 16, kk * 16, lane);
+        ldsm_b_kn(bf, Os, LD, d2 * 16, kk * 16, lane);
         mma16816(dva[2 * d2], pa, bf[0], bf[1]);
         mma16816(dva[2 * d2 + 1], pa, bf[2], bf[3]);
-        ldsm_b_kn<LD>(bf, Qs, d2 * 16, kk * 16, lane);
+        ldsm_b_kn(bf, Qs, LD, d2 * 16, kk * 16, lane);
         mma16816(dka[2 * d2], da, bf[0], bf[1]);
         mma16816(dka[2 * d2 + 1], da, bf[2], bf[3]);
       }

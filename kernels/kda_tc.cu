@@ -6,6 +6,7 @@
  * inverse helpers they share, and the phase timers' report (profiling builds). */
 #include <type_traits>
 #include "kda_common.cuh"
+#include "mma.cuh"
 #ifdef KDA_PHASES
 __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
 #endif
@@ -82,10 +83,6 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
  * k_intra_tc_p), S0, dS, Vn, dVn staged in fp32. The forward and the pre-gated backward keep
  * the kernels above. */
 
-static __device__ __forceinline__ uint32_t pk_bf2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);      /* .x (low half) = lo */
-  return *reinterpret_cast<uint32_t *>(&v);
-}
 static __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -139,16 +136,16 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
     for (int k0 = 0; k0 < Kd; k0 += 16) {
       if (P == P_BF16) {
         int ka = k0 + 2 * t;
-        uint32_t a0 = pk_bf2(A(i0 + g, ka), A(i0 + g, ka + 1));
-        uint32_t a1 = pk_bf2(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1));
-        uint32_t a2 = pk_bf2(A(i0 + g, ka + 8), A(i0 + g, ka + 9));
-        uint32_t a3 = pk_bf2(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9));
-        uint32_t b0 = pk_bf2(B(ka, j0 + g), B(ka + 1, j0 + g));
-        uint32_t b1 = pk_bf2(B(ka + 8, j0 + g), B(ka + 9, j0 + g));
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        uint32_t a0 = pack_bf16(A(i0 + g, ka), A(i0 + g, ka + 1));
+        uint32_t a1 = pack_bf16(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1));
+        uint32_t a2 = pack_bf16(A(i0 + g, ka + 8), A(i0 + g, ka + 9));
+        uint32_t a3 = pack_bf16(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9));
+        uint32_t b0 = pack_bf16(B(ka, j0 + g), B(ka + 1, j0 + g));
+        uint32_t b1 = pack_bf16(B(ka + 8, j0 + g), B(ka + 9, j0 + g));
+        uint32_t a[4] = {a0, a1, a2, a3};
+        float c[4] = {c0, c1, c2, c3};
+        mma16816(c, a, b0, b1);
+        c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
       } else {
 #pragma unroll
         for (int kk = 0; kk < 16; kk += 8) {
@@ -217,19 +214,6 @@ static __device__ __forceinline__ void mma_blk(int M, int N, int Kd, FA A, FB B,
  *   cp.async (sm_80+): 16-byte (or 4-byte) asynchronous global->shared copies, all in flight at
  *     once, zero-filled past the valid rows / columns (src-size 0 reads nothing);
  *   batched<U>: U loads per thread issued before their stores (for tiles that need a conversion). */
-static __device__ __forceinline__ void cp16(void *s, const void *g, bool ok) {
-  uint32_t sa = (uint32_t)__cvta_generic_to_shared(s);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(g), "r"(ok ? 16 : 0)
-               : "memory");
-}
-static __device__ __forceinline__ void cp4(void *s, const void *g, bool ok) {
-  uint32_t sa = (uint32_t)__cvta_generic_to_shared(s);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(ok ? 4 : 0)
-               : "memory");
-}
-/* wait for this thread's copies; the caller's __syncthreads then publishes everyone's */
-static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 /* dst[r*ds + c] = r < rows && c < cols ? rowp(r)[c] : 0 for r < R, c < Cp (fp32, asynchronous).
  * Cp % 4 == 0, ds % 4 == 0, dst 16-byte aligned; rowp(r) is only called for r < rows, and
  * rowp(0) serves as the (unread) address of zero-filled copies. 16-byte copies when cols % 4 == 0
@@ -242,13 +226,13 @@ static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, in
     for (int e = threadIdx.x; e < R * c4; e += BT) {
       int r = e / c4, c = (e % c4) << 2;
       bool ok = r < rows && c < cols;
-      cp16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+      cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
     }
   } else {
     for (int e = threadIdx.x; e < R * Cp; e += BT) {
       int r = e / Cp, c = e % Cp;
       bool ok = r < rows && c < cols;
-      cp4(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+      cp_async4(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
     }
   }
 }
@@ -282,29 +266,13 @@ struct bt {
   const sbf *p;
   int ld, kc;
 };
-static __device__ __forceinline__ uint32_t saddr(const sbf *x) { return (uint32_t)__cvta_generic_to_shared(x); }
 static __device__ __forceinline__ void frag_a(uint32_t a[4], const bt &A, int i0, int k0, int lane) {
-  if (A.kc)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(saddr(A.p + (i0 + (lane & 15)) * A.ld + k0 + (lane >> 4) * 8)));
-  else {
-    int mt = lane >> 3;   /* matrix mt: rows i0 + (mt & 1) * 8, k k0 + (mt >> 1) * 8 */
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(saddr(A.p + (k0 + (mt >> 1) * 8 + (lane & 7)) * A.ld + i0 + (mt & 1) * 8)));
-  }
+  if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
+  else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
 }
 static __device__ __forceinline__ void frag_b(uint32_t b[2], const bt &B, int k0, int n0, int lane) {
-  int l = lane & 15;   /* .x2: lanes 0-15 give the addresses */
-  if (B.kc)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(b[0]), "=r"(b[1])
-                 : "r"(saddr(B.p + (n0 + (l & 7)) * B.ld + k0 + (l >> 3) * 8)));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(b[0]), "=r"(b[1])
-                 : "r"(saddr(B.p + (k0 + l) * B.ld + n0)));
+  if (B.kc) ldsm_b1_nk(b, B.p, B.ld, n0, k0, lane);
+  else ldsm_b1_kn(b, B.p, B.ld, n0, k0, lane);
 }
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); tiles,
  * ownership and the E4 epilogue as mma_blk4 (so the two may share read-modify-write targets) */
@@ -324,10 +292,7 @@ static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K
         uint32_t a[4], b[2];
         frag_a(a, A, i0, k0, lane);
         frag_b(b, B, k0, j0, lane);
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        mma16816(c, a, b[0], b[1]);
       }
     }
     E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
@@ -343,7 +308,7 @@ static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int
     for (int e = threadIdx.x; e < C * (V16 / 8); e += BT) {
       int i = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
       bool ok = i < n && c < V;
-      cp16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
+      cp_async16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
     }
   } else
     batched<8>(C * V16, [&](int e) {
@@ -481,12 +446,12 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
         bool ok = r < n && c < V;
-        cp16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
+        cp_async16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
       }
   }
   for (int e = tid; e < C * CS; e += BT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  cp_wait();
+  cp_async_wait_all();
   __syncthreads();
   PH(0);
   chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) { w.G[ROWI(r) * K + d] = x; });
@@ -654,7 +619,7 @@ enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_EN = 32, SG_DO = 
  * K, past V) of the tiles k_intra_tc wrote (W, s qg, kg, Aqk: bf16, the same rounding as the
  * fp32 -> bf16 conversion this function used to do; fp32 for the precise backward), U (fp32)
  * into t.Vn (st_vn_tc subtracts W S in place), dO (bf16) into t.dO; en = e^{G_last} by plain
- * loads. The caller runs cp_wait() and __syncthreads() before reading. Each sweep stages only
+ * loads. The caller runs cp_async_wait_all() and __syncthreads() before reading. Each sweep stages only
  * what it reads, and the parts that die early in a step are prefetched for the next chunk
  * while the step's last MMA runs. */
 template <class T>
@@ -668,15 +633,15 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
       int i = e / kc, d = (e % kc) << LE;
       bool ok = i < m;
       int64_t gi = ((t0 + (ok ? i : 0)) * HV + h) * K16 + d;
-      if (parts & SG_W) cp16(t.W + i * t.KB + d, st_src<T>::W(w) + gi, ok);
-      if (parts & SG_QG) cp16(t.qg + i * t.KB + d, st_src<T>::qg(w) + gi, ok);
-      if (parts & SG_KG) cp16(t.kg + i * t.KB + d, st_src<T>::kg(w) + gi, ok);
+      if (parts & SG_W) cp_async16(t.W + i * t.KB + d, st_src<T>::W(w) + gi, ok);
+      if (parts & SG_QG) cp_async16(t.qg + i * t.KB + d, st_src<T>::qg(w) + gi, ok);
+      if (parts & SG_KG) cp_async16(t.kg + i * t.KB + d, st_src<T>::kg(w) + gi, ok);
     }
   if (parts & SG_A)
     for (int e = threadIdx.x; e < C * cc; e += BT) {
       int i = e / cc, j = (e % cc) << LE;
       bool ok = i < m;
-      cp16(t.A + i * t.CB + j, st_src<T>::A(w) + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
+      cp_async16(t.A + i * t.CB + j, st_src<T>::A(w) + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
     }
   if (parts & SG_U)
     cp_tile_f32(t.Vn, t.SB, C, BVT, m, (int)(V - c0 < BVT ? V - c0 : BVT), V % 4 == 0,
@@ -687,7 +652,7 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
       for (int e = threadIdx.x; e < C * (BVT / 8); e += BT) {
         int i = e / (BVT / 8), c = (e % (BVT / 8)) << 3;
         bool ok = i < m && c0 + c < V;
-        cp16(t.dO + i * t.DB + c, g + ((t0 + (ok ? i : 0)) * HV + h) * V + c0 + (ok ? c : 0), ok);
+        cp_async16(t.dO + i * t.DB + c, g + ((t0 + (ok ? i : 0)) * HV + h) * V + c0 + (ok ? c : 0), ok);
       }
     } else
       for (int e = threadIdx.x; e < C * BVT; e += BT) {
@@ -782,7 +747,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
-    cp_wait();
+    cp_async_wait_all();
     __syncthreads();
     PH(0);
     st_vn_tc<P_BF16>(p, t, t0, m, h, c0, nullptr);
@@ -830,7 +795,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
     st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
-    cp_wait();
+    cp_async_wait_all();
     __syncthreads();
     PH(0);
     st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
@@ -850,7 +815,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
     st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
     st_stage(p, w, t, t0, m, h, c0, dout, SG_QG | SG_W | SG_DO | SG_EN);
-    cp_wait();
+    cp_async_wait_all();
     __syncthreads();
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; the bf16 layout keeps -dVn in the shadow Vb (its one use:
@@ -969,7 +934,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   PH(0);
   rows_dgn(p, w, cb, h, gS0, gdS);
-  cp_wait();
+  cp_async_wait_all();
   __syncthreads();
   PH(1);
   mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
@@ -984,7 +949,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
   __syncthreads();                                 /* S0, dVn read by every warp: reuse R1, R2 */
   cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
-  cp_wait();
+  cp_async_wait_all();
   __syncthreads();
   PH(3);
   mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
@@ -1039,7 +1004,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
-  cp_wait();
+  cp_async_wait_all();
   __syncthreads();
   PH(0);
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
@@ -1133,7 +1098,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
   }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  cp_wait();
+  cp_async_wait_all();
   __syncthreads();
   PH(0);
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
