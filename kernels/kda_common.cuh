@@ -168,6 +168,7 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
+size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
@@ -177,8 +178,8 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0
                                                      const float *dht, float *dh0);
 __global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
                                                        const float *dht, float *dh0);
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w);
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w);
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep);
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep);
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,

@@ -792,10 +792,15 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
     kst<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-    sm = smem_rows_tc(a->chunk, a->K, a->V);
+    /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
+     * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */
+    size_t smr = smem_rows_tc_sep(a->chunk, a->K, a->V);
+    const char *rs = getenv("KDA_KDA_ROWS_SEP");
+    int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
+    sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
     auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-    krw<<<gc, NTC, sm, st>>>(p, dout, w);
+    krw<<<gc, NTC, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;

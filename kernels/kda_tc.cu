@@ -259,43 +259,42 @@ static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
  * bt: a bf16 shared tile seen as a logical matrix X(r, k) (A: rows i; B: X(k, n)); kc = 1 when
  * k is the contiguous index (A stored [i][ld], B stored [n][ld]), 0 when the other one is
  * (A stored [k][ld] = A transposed, B stored [k][ld]). Rows 16-byte aligned (ld % 8 == 0),
- * zero-padded like the mma_blk tiles. A fragment = one ldmatrix.x4 (.trans for kc = 0 A), a B
- * fragment one .x2 (.trans for kc = 0 B); fragment registers as mma_blk packs them (lower
- * k in the low half), so the products are bit-identical to mma_blk's P_BF16 on the same data. */
+ * zero-padded like the mma_blk tiles. Fragments by ldmatrix (.trans for kc = 0), registers as
+ * mma_blk packs them (lower k in the low half): the products are bit-identical to mma_blk's
+ * P_BF16 on the same data (same k order). */
 struct bt {
   const sbf *p;
   int ld, kc;
 };
-static __device__ __forceinline__ void frag_a(uint32_t a[4], const bt &A, int i0, int k0, int lane) {
-  if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
-  else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
-}
-static __device__ __forceinline__ void frag_b(uint32_t b[2], const bt &B, int k0, int n0, int lane) {
-  if (B.kc) ldsm_b1_nk(b, B.p, B.ld, n0, k0, lane);
-  else ldsm_b1_kn(b, B.p, B.ld, n0, k0, lane);
-}
-/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); tiles,
- * ownership and the E4 epilogue as mma_blk4 (so the two may share read-modify-write targets) */
+/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
+ * mma_blk4's. A warp owns 16x16 output tiles (tile t with t % nwarps == w): one A fragment
+ * feeds two MMAs, three ldmatrix per two MMAs instead of two per one. Every mma_ldm call with
+ * the same (M, N) gives an element the same thread (read-modify-write epilogues need no
+ * barrier); mma_blk4's ownership differs, so the two must not share such targets. N % 16 == 0. */
 template <class FE>
 static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
-  int tn = N >> 3, nt = (M >> 4) * tn;
+  int tn = N >> 4, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
-    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
+    float c[2][4] = {};
 #pragma unroll
     for (int sgm = 0; sgm < 2; sgm++) {
       const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
       int Kd = sgm ? K1 : K0;
 #pragma unroll 2
       for (int k0 = 0; k0 < Kd; k0 += 16) {
-        uint32_t a[4], b[2];
-        frag_a(a, A, i0, k0, lane);
-        frag_b(b, B, k0, j0, lane);
-        mma16816(c, a, b[0], b[1]);
+        uint32_t a[4], b[4];
+        if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
+        else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
+        if (B.kc) ldsm_b_nk(b, B.p, B.ld, j0, k0, lane);
+        else ldsm_b_kn(b, B.p, B.ld, j0, k0, lane);
+        mma16816(c[0], a, b[0], b[1]);
+        mma16816(c[1], a, b[2], b[3]);
       }
     }
-    E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
+    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
+    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
   }
 }
 
@@ -868,15 +867,19 @@ __global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
- * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0 then dS, R2
- * [C][VS] dVn then Vn (the four fp32 tiles do not fit together: 203 KB at K = V = 128 before
- * G), fp32 G [C][K16+4], bf16 dO [C][VB]; two phases, the second's copies exposed (one
- * latency). The fast variant rounds S0, dS, Vn, dVn to bf16 as MMA operands (the same RN
- * rounding its staging used to do with batched converting loads, ~60% of its time at
- * K = V = 128); the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16
- * input, is exact in tf32: P_3TF32A). */
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants */
+ * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0, R2 [C][VS]
+ * dVn then Vn, fp32 G [C][K16+4], bf16 dO [C][VB]; dS goes to its own tile R3 [K16][VS] with
+ * the first copies when it fits (sep, smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn
+ * is summed from shared memory while Vn streams in; otherwise into R1 after the S0 products
+ * and dgn reads S0, dS from global (rows_dgn). The fast variant rounds S0, dS, Vn, dVn to bf16
+ * as MMA operands (the same RN rounding its staging used to do with batched converting loads);
+ * the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16 input, is exact
+ * in tf32: P_3TF32A). */
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants, dS sharing R1 */
   return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
+}
+size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
+  return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
  * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
@@ -913,8 +916,27 @@ static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int ch
     }
   }
 }
+/* the same sums from the staged fp32 tiles (R1 = S0, R3 = dS, rows of VS; zero past V): the
+ * same per-lane order (blocks of 128 columns, lane + 32 u) and shuffle tree as rows_dgn, so
+ * bit-identical to it */
+static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, int chunk, int64_t h, const float *R1,
+                                                     const float *R3, int VS) {
+  int64_t K = p.K, V = p.V;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int d = wp; d < K; d += BT / 32) {
+    float acc = 0.f;
+    for (int cb = 0; cb < V; cb += 128)
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int c = cb + lane + 32 * u;
+        if (c < V) acc += R1[d * VS + c] * R3[d * VS + c];
+      }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
+  }
+}
 template <bool PR>
-static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w) {
+static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
@@ -924,6 +946,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
   float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
   sbf *dO = (sbf *)(Gs + C * GS);
+  float *R3 = sep ? (float *)(dO + C * VB) : R1;
   const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
   const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
   bool al = V % 4 == 0;
@@ -932,8 +955,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
   cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  if (sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
   PH(0);
-  rows_dgn(p, w, cb, h, gS0, gdS);
+  if (!sep) rows_dgn(p, w, cb, h, gS0, gdS);
   cp_async_wait_all();
   __syncthreads();
   PH(1);
@@ -946,22 +970,27 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w)
   mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
               [&](int c, int d) { return R1[d * VS + c]; },
               [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
-  __syncthreads();                                 /* S0, dVn read by every warp: reuse R1, R2 */
-  cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+  __syncthreads();                                 /* dVn (and without sep S0) read by every warp */
+  if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+  if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* while Vn streams in */
   cp_async_wait_all();
   __syncthreads();
   PH(3);
   mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
-              [&](int c, int d) { return R1[d * VS + c]; },
+              [&](int c, int d) { return R3[d * VS + c]; },
               [&](int i, int d, float x) {
                 if (i < n && d < K)
                   w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
               });
   PH(4);
 }
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w) { bwd_rows_tc<false>(p, dout, w); }
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w) { bwd_rows_tc<true>(p, dout, w); }
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
+  bwd_rows_tc<false>(p, dout, w, sep);
+}
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep) {
+  bwd_rows_tc<true>(p, dout, w, sep);
+}
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
  * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that

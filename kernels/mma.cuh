@@ -53,18 +53,6 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const __nv
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
 }
-/* Two matrices: lanes 0-15 give the addresses (the others' are ignored but must be valid). */
-static __device__ __forceinline__ void ldmatrix_x2(uint32_t *r, const __nv_bfloat16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t *r, const __nv_bfloat16 *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_u32(p)));
-}
-
 /* d += A B, one m16n8k16 step (bf16 operands, fp32 accumulators) */
 static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -106,13 +94,4 @@ static __device__ __forceinline__ void ldsm_b_nk(uint32_t *b, const __nv_bfloat1
 static __device__ __forceinline__ void ldsm_b_kn(uint32_t *b, const __nv_bfloat16 *S, int ld, int n0, int k0,
                                                  int lane) {
   ldmatrix_x4_trans(b, S + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
-}
-/* One n-tile (b0, b1 of n0) of the two above: ldmatrix .x2 (lanes 0-15 address). */
-static __device__ __forceinline__ void ldsm_b1_nk(uint32_t *b, const __nv_bfloat16 *S, int ld, int n0, int k0,
-                                                  int lane) {
-  ldmatrix_x2(b, S + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
-}
-static __device__ __forceinline__ void ldsm_b1_kn(uint32_t *b, const __nv_bfloat16 *S, int ld, int n0, int k0,
-                                                  int lane) {
-  ldmatrix_x2_trans(b, S + (k0 + (lane & 15)) * ld + n0);
 }

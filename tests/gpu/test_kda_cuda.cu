@@ -7,10 +7,12 @@
  * Part 2 runs the CUDA backend's op glue (kernels/kda_ops.cu: kc_kda_node) on exec nodes for
  * KDA, KDA_BWD, CONV1D, CONV1D_BWD against the CPU backend's kda_cpu_kda_node, with f32 and
  * bf16 storage (and an f32 packed gradient output, as the plan makes it), plus run-to-run
- * bit-identity of the backward (no float atomics). Every KDA case runs three times: the
+ * bit-identity of the backward (no float atomics). Every KDA case runs four times: the
  * tensor-core path (default: its precise backward when the gate has parameters), the version-1
- * kernels (KDA_KDA_SIMPLE=1), and the tensor-core path with its precise backward on every case
- * (KDA_KDA_PRECISE=1; the quick run does the first only, the variable passes through to it).
+ * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
+ * (KDA_KDA_PRECISE=1), and the tensor-core path with the backward's rows kernel in its smaller
+ * layout (one S0/dS tile: KDA_KDA_ROWS_SEP=0); the quick run does the first only, the variables
+ * pass through to it.
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
 #include <cuda_bf16.h>
@@ -513,18 +515,21 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceProperties(&pr, 0));
   printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
   double t0 = kda_now();
-  const char *paths[3] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
-                          "KDA_KDA_PRECISE=1 (tensor-core path, precise backward on every case)"};
-  for (int path = 0; path < (quick ? 1 : 3); path++) {
+  const char *paths[4] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
+                          "KDA_KDA_PRECISE=1 (tensor-core path, precise backward on every case)",
+                          "KDA_KDA_ROWS_SEP=0 (tensor-core path, the backward's rows kernel with one "
+                          "S0/dS tile)"};
+  for (int path = 0; path < (quick ? 1 : 4); path++) {
     if (path == 1) setenv("KDA_KDA_SIMPLE", "1", 1);
     else unsetenv("KDA_KDA_SIMPLE");
     if (path == 2) setenv("KDA_KDA_PRECISE", "1", 1);
+    if (path == 3) unsetenv("KDA_KDA_PRECISE"), setenv("KDA_KDA_ROWS_SEP", "0", 1);
     printf("# --- %s ---\n", paths[path]);
     all_cases();
     if (!only) node_tests();
   }
   unsetenv("KDA_KDA_SIMPLE");
-  if (!quick) unsetenv("KDA_KDA_PRECISE");
+  unsetenv("KDA_KDA_ROWS_SEP");
   if (!only) run_errors();
   printf("# %.1f s\n%d passed, %d failed\n", kda_now() - t0, npass, nfail);
   return nfail ? 1 : 0;
