@@ -298,6 +298,56 @@ static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K
   }
 }
 
+/* ---- tf32 MMAs with pre-rounded operands (the fast kernels' fp32 products) ------------------
+ * mma_tf: C = A B in tf32 (k order as mma_blk's P_TF32: bit-identical to it on the same data)
+ * with the rounding done once, where each operand tile is written (tf32r), instead of per
+ * fragment load. An operand is either a tile tft{p, ld}, k-contiguous (A stored [m][k], B
+ * stored [n][k]), read by ldmatrix, or an accessor returning the (already rounded) fp32 value,
+ * read by scalar loads. A warp owns 16x16 tiles (two n-tiles share each A fragment); E4 as
+ * mma_blk4's; M % 16 == 0, N % 16 == 0, Kd % 8 == 0. */
+struct tft {
+  const float *p;
+  int ld;
+};
+static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 4, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
+    float c[2][4] = {};
+#pragma unroll 2
+    for (int k0 = 0; k0 < Kd; k0 += 8) {
+      uint32_t a[4], b[4];
+      if constexpr (std::is_same<FA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
+      else {
+        a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
+        a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
+      }
+      if constexpr (std::is_same<FB, tft>::value) ldsm_tf32_b(b, B.p, B.ld, j0, k0, lane);
+      else {
+        b[0] = __float_as_uint(B(k0 + t, j0 + g)), b[1] = __float_as_uint(B(k0 + t + 4, j0 + g));
+        b[2] = __float_as_uint(B(k0 + t, j0 + 8 + g)), b[3] = __float_as_uint(B(k0 + t + 4, j0 + 8 + g));
+      }
+      mma_tf32(c[0][0], c[0][1], c[0][2], c[0][3], a, b);
+      mma_tf32(c[1][0], c[1][1], c[1][2], c[1][3], a, b + 2);
+    }
+    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
+    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+}
+/* mma_tf with one element per epilogue call (as mma_blk) */
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf1(int M, int N, int Kd, FA A, FB B, FE E) {
+  mma_tf(M, N, Kd, A, B, [&](int i, int j, float c0, float c1, float c2, float c3) {
+    E(i, j, c0);
+    E(i, j + 1, c1);
+    E(i + 8, j, c2);
+    E(i + 8, j + 1, c3);
+  });
+}
+
 /* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and
  * the base is 16-byte aligned (zero past n rows and V columns), else batched scalar loads */
 static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int V16, int n, int64_t V,
@@ -474,23 +524,27 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     __syncthreads();
     for (int e = tid; e < r * K16; e += BT) {      /* X[j] = k_j e^{G_r - G_j}, j < r */
       int j = e / K16, d = e % K16;
-      X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
+      float x = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
+      X[j * KS + d] = PR ? x : tf32r(x);           /* X, Y: MMA operands only (tf32, mma_tf) */
     }
     for (int e = tid; e < 16 * K16; e += BT) {     /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
       int ii = e / K16, d = e % K16, i = r + ii;
-      float s = __expf(Gs[i * KS + d] - Gs[r * KS + d]);
-      Y[ii * KS + d] = qs[i * KS + d] * s, Y[(16 + ii) * KS + d] = ks[i * KS + d] * s;
+      float s = __expf(Gs[i * KS + d] - Gs[r * KS + d]), y0 = qs[i * KS + d] * s, y1 = ks[i * KS + d] * s;
+      Y[ii * KS + d] = PR ? y0 : tf32r(y0), Y[(16 + ii) * KS + d] = PR ? y1 : tf32r(y1);
     }
     __syncthreads();
     PH(3);
-    mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
-                [&](int d, int j) { return X[j * KS + d]; },
-                [&](int ii, int j, float c) {
-                  int i = r + (ii & 15);
-                  if (i >= n) return;
-                  if (ii < 16) As[i * CS + j] = p.scale * c;
-                  else Ls[i * CS + j] = bs[i] * c;
-                });
+    auto offdiag = [&](int ii, int j, float c) {
+      int i = r + (ii & 15);
+      if (i >= n) return;
+      if (ii < 16) As[i * CS + j] = p.scale * c;
+      else Ls[i * CS + j] = bs[i] * c;
+    };
+    if constexpr (PR)
+      mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; }, [&](int d, int j) { return X[j * KS + d]; },
+                  offdiag);
+    else
+      mma_tf1(32, r, K16, tft{Y, KS}, tft{X, KS}, offdiag);
     PH(4);
   }
   __syncthreads();
@@ -506,6 +560,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     if (PR) w.Aqk[ROWI(i) * C + j] = As[i * CS + j];
     else w.Ab[ROWI(i) * C + j] = __float2bfloat16(As[i * CS + j]);   /* zero above the diagonal and past n */
     w.M[ROWI(i) * C + j] = Ms[i * CS + j];
+    if (!PR) Ms[i * CS + j] = tf32r(Ms[i * CS + j]);   /* from here an MMA operand only */
   }
   for (int e = tid; e < n * K16; e += BT) {        /* kg, s qg (bf16 or PR fp32, pad columns zero) */
     int r = e / K16, d = e % K16;
@@ -524,7 +579,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   for (int e = tid; e < C * K16; e += BT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
     int r = e / K16, d = e % K16;
     float kb = ks[r * KS + d] * (bs[r] * __expf(Gs[r * KS + d]));
-    ks[r * KS + d] = kb;
+    ks[r * KS + d] = PR ? kb : tf32r(kb);
     if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
   }
   if (!vt)
@@ -537,17 +592,20 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
-  mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-              [&](int j, int d) { return ks[j * KS + d]; },
-              [&](int i, int d, float c) {
-                if (i >= n) return;
-                if (PR) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f;
-                else w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f);
-              });
+  auto wout = [&](int i, int d, float c) {
+    if (i >= n) return;
+    if (PR) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f;
+    else w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f);
+  };
+  auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
+  auto uout = [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; };
+  if constexpr (PR)
+    mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; }, [&](int j, int d) { return ks[j * KS + d]; }, wout);
+  else   /* Ms, ks hold tf32-rounded values (rounded where written) */
+    mma_tf1(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, wout);
   PH(8);
-  mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-              [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; },
-              [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; });
+  if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, uout);
+  else mma_tf1(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, uout);
   PH(9);
 }
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false>(p, v, w, vt); }
@@ -1000,12 +1058,13 @@ __global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, w
  * M^T dVn and in dM (whose errors do not cancel between the two terms: one went through bf16 M,
  * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
  * smem fp32: M [C][CS]; Vn, later dM and X: [C][max(2 CS, VS)] (a barrier between dA and dM);
- *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB].
+ *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB]; fp32 M^T
+ *      [C][CS] (the fast variant's; 201 KB in all at C = 64, K = V = 128).
  * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both variants */
   int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
-         (size_t)(C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
+         (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
 template <bool PR>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
@@ -1020,6 +1079,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = dM + U, *dWs = dVs + C * VS,
         *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: dead before dM */
   sbf *dO = (sbf *)(bs + C), *Vr = dO + C * VB;
+  float *MsT = (float *)(Vr + C * VB);             /* the fast variant's M^T (tf32-rounded) */
   PH_INIT(4);
   /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
    * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
@@ -1036,6 +1096,24 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_async_wait_all();
   __syncthreads();
   PH(0);
+  /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
+   * Kb are MMA operands only, so rounding them in place changes no result (the cvt per
+   * fragment load rounded the same way), and M^T as a tile of its own gives the three M^T
+   * products ldmatrix A fragments. dM and X are rounded where their epilogues write them. */
+  if constexpr (!PR) {
+    for (int e = threadIdx.x; e < C * C; e += BT) {
+      int i = e / C, j = e % C;
+      float x = tf32r(Ms[i * CS + j]);
+      Ms[i * CS + j] = x, MsT[j * CS + i] = x;
+    }
+    /* dVn, dW, Kb are contiguous [C][VS], [C][KS], [C][KS] tiles: round them whole (pads
+     * are zero), four floats at a time */
+    float4 *q4 = (float4 *)dVs;
+    for (int e = threadIdx.x; e < (C * VS + 2 * C * KS) / 4; e += BT) {
+      float4 x = q4[e];
+      q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
+    }
+  }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
   mma_blk<PR ? P_3TF32A : P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                                   [&](int c, int j) { return VnF[j * VS + c]; },
@@ -1043,37 +1121,46 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
   PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
-  mma_blk<PT>(C, C, V16 + K16,
-              [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; },
-              [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
-              [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? x : 0.f; });
+  auto dm_a = [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; };
+  auto dm_out = [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
+  if constexpr (PR)
+    mma_blk<PT>(C, C, V16 + K16, dm_a,
+                [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; }, dm_out);
+  else
+    mma_tf1(C, C, V16 + K16, dm_a,
+            [&](int k, int j) { return k < V16 ? tf32r(bs[j] * f(Vr[j * VB + k])) : Kb[j * KS + k - V16]; }, dm_out);
   __syncthreads();
   PH(2);
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
-  mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; },
-              [&](int m, int j) { return Ms[j * CS + m]; },
-              [&](int i, int j, float x) { X[i * CS + j] = x; });
+  if constexpr (PR)
+    mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
+                [&](int i, int j, float x) { X[i * CS + j] = x; });
+  else
+    mma_tf1(C, C, C, tft{dM, CS}, tft{Ms, CS}, [&](int i, int j, float x) { X[i * CS + j] = tf32r(x); });
   __syncthreads();
   PH(3);
   /* dL = -strict-tril(M^T X) */
-  mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; },
-              [&](int m, int j) { return X[m * CS + j]; },
-              [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; });
+  auto xb = [&](int m, int j) { return X[m * CS + j]; };
+  auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; };
+  if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
+  else mma_tf1(C, C, C, tft{MsT, CS}, xb, dl_out);
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
-  mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-              [&](int i, int c) { return dVs[i * VS + c]; },
-              [&](int j, int c, float x) {
-                if (j < n && c < V) {
-                  stb(dv, ROWI(j) * V + c, bs[j] * x);
-                  w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
-                }
-              });
+  auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
+  auto dv_out = [&](int j, int c, float x) {
+    if (j < n && c < V) {
+      stb(dv, ROWI(j) * V + c, bs[j] * x);
+      w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
+    }
+  };
+  if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
+  else mma_tf1(C, V16, C, tft{MsT, CS}, dvb, dv_out);
   PH(5);
   /* dKb = M^T dW (tf32) */
-  mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; },
-              [&](int i, int d) { return dWs[i * KS + d]; },
-              [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; });
+  auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
+  auto dkb_out = [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; };
+  if constexpr (PR) mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, dkb_out);
+  else mma_tf1(C, K16, C, tft{MsT, CS}, dwb, dkb_out);
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;

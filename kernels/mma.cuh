@@ -95,3 +95,20 @@ static __device__ __forceinline__ void ldsm_b_kn(uint32_t *b, const __nv_bfloat1
                                                  int lane) {
   ldmatrix_x4_trans(b, S + (k0 + (lane & 15)) * ld + n0 + (lane >> 4) * 8);
 }
+
+/* ---- tf32 fragments (mma.m16n8k8.tf32) from fp32 tiles, by ldmatrix on 32-bit elements ----
+ * An 8x8 b16 matrix is an 8x4 fp32 one, and lane l receives row l/4, fp32 column l%4: exactly
+ * the tf32 fragments' element (g, t). A: a0..a3 = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4];
+ * B: b0, b1 = B[t][g], B[t+4][g]. Tiles k-contiguous, rows 16-byte aligned (ld % 4 == 0).
+ * The MMA reads the top 19 bits of each element: the tile must hold tf32-rounded values (the
+ * hardware would otherwise truncate). */
+/* A fragment at rows m0.., k0..k0+7 of a tile stored [m][k] */
+static __device__ __forceinline__ void ldsm_tf32_a(uint32_t *a, const float *S, int ld, int m0, int k0, int lane) {
+  int i = lane >> 3;
+  ldmatrix_x4(a, (const __nv_bfloat16 *)(S + (m0 + (lane & 7) + (i & 1) * 8) * ld + k0 + (i >> 1) * 4));
+}
+/* B fragments of n-tiles n0 (b0, b1) and n0+8 (b2, b3) at k0..k0+7 of a tile stored [n][k] */
+static __device__ __forceinline__ void ldsm_tf32_b(uint32_t *b, const float *S, int ld, int n0, int k0, int lane) {
+  int i = lane >> 3;
+  ldmatrix_x4(b, (const __nv_bfloat16 *)(S + (n0 + (lane & 7) + (i >> 1) * 8) * ld + k0 + (i & 1) * 4));
+}
