@@ -337,15 +337,19 @@ static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, 
     E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
   }
 }
-/* mma_tf with one element per epilogue call (as mma_blk) */
-template <class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_tf1(int M, int N, int Kd, FA A, FB B, FE E) {
-  mma_tf(M, N, Kd, A, B, [&](int i, int j, float c0, float c1, float c2, float c3) {
+/* a one-element epilogue E(i, j, c) as an E4 (mma_blk4's order) */
+template <class FE> static __device__ __forceinline__ auto each4(FE E) {
+  return [=](int i, int j, float c0, float c1, float c2, float c3) {
     E(i, j, c0);
     E(i, j + 1, c1);
     E(i + 8, j, c2);
     E(i + 8, j + 1, c3);
-  });
+  };
+}
+/* mma_tf with one element per epilogue call (as mma_blk) */
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf1(int M, int N, int Kd, FA A, FB B, FE E) {
+  mma_tf(M, N, Kd, A, B, each4(E));
 }
 
 /* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and
@@ -993,6 +997,27 @@ static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, i
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
   }
 }
+/* rows r < R of an fp32 tile [.][ld] become bf16 (RN) in place: row r's bf16 copy starts at
+ * its fp32 row, so the bf16 tile has a pitch of 2 ld elements (ld = 8 mod 32 floats keeps
+ * ldmatrix conflict-free). A warp converts whole rows, reading a row into registers before
+ * writing it (the two overlap); cols <= 512, cols % 4 == 0 */
+static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int cols) {
+  int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < R; r += BT / 32) {
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) x[u] = *(const float4 *)(t + r * ld + 4 * lane + 128 * u);
+    __syncwarp();
+    __nv_bfloat162 *o = (__nv_bfloat162 *)(t + r * ld);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) {
+        int c2 = 2 * lane + 64 * u;
+        o[c2] = __floats2bfloat162_rn(x[u].x, x[u].y), o[c2 + 1] = __floats2bfloat162_rn(x[u].z, x[u].w);
+      }
+  }
+}
 template <bool PR>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
@@ -1019,28 +1044,51 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   cp_async_wait_all();
   __syncthreads();
   PH(1);
-  mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-              [&](int c, int d) { return R1[d * VS + c]; },
-              [&](int i, int d, float x) {
-                if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
-              });
-  PH(2);
-  mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
-              [&](int c, int d) { return R1[d * VS + c]; },
-              [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; });
-  __syncthreads();                                 /* dVn (and without sep S0) read by every warp */
-  if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
-  cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
-  if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* while Vn streams in */
-  cp_async_wait_all();
-  __syncthreads();
-  PH(3);
-  mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
-              [&](int c, int d) { return R3[d * VS + c]; },
-              [&](int i, int d, float x) {
-                if (i < n && d < K)
-                  w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
-              });
+  auto dq_out = [&](int i, int d, float x) {
+    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
+  };
+  auto dw_out = [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; };
+  auto dki_out = [&](int i, int d, float x) {
+    if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
+  };
+  /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
+   * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
+  auto b16 = [&](float *t) { return bt{(const sbf *)t, 2 * VS, 1}; };
+  if constexpr (!PR) {
+    if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* from the fp32 tiles, before they turn */
+    rows_to_bf16(R1, K16, VS, V16), rows_to_bf16(R2, C, VS, V16);
+    if (sep) rows_to_bf16(R3, K16, VS, V16);
+    __syncthreads();
+    /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
+    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, each4(dq_out));
+    PH(2);
+    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, each4(dw_out));
+    __syncthreads();                               /* dVn (and without sep S0) read by every warp */
+    if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    cp_async_wait_all();
+    __syncthreads();
+    rows_to_bf16(R2, C, VS, V16);
+    if (!sep) rows_to_bf16(R3, K16, VS, V16);
+    __syncthreads();
+    PH(3);
+    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, each4(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+  } else {
+    mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
+                dq_out);
+    PH(2);
+    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R1[d * VS + c]; },
+                dw_out);
+    __syncthreads();                               /* dVn (and without sep S0) read by every warp */
+    if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* while Vn streams in */
+    cp_async_wait_all();
+    __syncthreads();
+    PH(3);
+    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R3[d * VS + c]; },
+                dki_out);
+  }
   PH(4);
 }
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
@@ -1113,11 +1161,16 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       float4 x = q4[e];
       q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
     }
+    rows_to_bf16(VnF, C, VS, V16);                 /* Vn: the bf16 dA product's only use */
+    __syncthreads();
   }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
-  mma_blk<PR ? P_3TF32A : P_BF16>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                                  [&](int c, int j) { return VnF[j * VS + c]; },
-                                  [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; });
+  auto da_out = [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; };
+  if constexpr (PR)
+    mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                      [&](int c, int j) { return VnF[j * VS + c]; }, da_out);
+  else
+    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, each4(da_out));
   __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
   PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
