@@ -152,16 +152,18 @@ static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
 
 static __device__ __forceinline__ float cv_sigm(float x) { return 1.f / (1.f + __expf(-x)); }
 
+/* I: the index type, 32-bit when B*T*C fits (the two divisions per element are most of the
+ * kernel's instructions in 64 bits) */
+template <typename I>
 __global__ void k_conv_fwd(const void *x, int xdt, const void *w, int wdt, void *y, int ydt,
-                           int64_t B, int64_t T, int64_t C, int W, int silu) {
-  int64_t total = B * T * C;
-  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total;
-       e += (int64_t)gridDim.x * blockDim.x) {
-    int64_t ch = e % C, t = (e / C) % T;
+                           I B, I T, I C, int W, int silu) {
+  I total = B * T * C;
+  for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+    I ch = e % C, t = (e / C) % T;
     float p = 0.f;
     for (int j = 0; j < W; j++) {
-      int64_t ts = t - (W - 1) + j;
-      if (ts >= 0) p += kc_ld(w, wdt, ch * W + j) * kc_ld(x, xdt, e + (ts - t) * C);
+      int64_t ts = (int64_t)t - (W - 1) + j;
+      if (ts >= 0) p += kc_ld(w, wdt, (int64_t)ch * W + j) * kc_ld(x, xdt, (int64_t)e + (ts - (int64_t)t) * C);
     }
     kc_st(y, ydt, e, silu ? p * cv_sigm(p) : p);
   }
@@ -234,15 +236,18 @@ __global__ void k_conv_bwd(const void *x, int xdt, const void *w, int wdt, const
   }
 }
 
-/* dw[i] = sum over tiles (in order) of part[tile][i] */
+/* dw[i] = sum over tiles of part[tile][i]: a warp per i, lane l summing tiles l, l+32, ... in
+ * order, then a fixed shuffle tree (deterministic). It was a thread per i summing all tiles in
+ * a chain of dependent loads: C*W threads (a few SMs) and ~100 us per node at B*T = 32768. */
 __global__ void k_conv_dw(const float *part, int64_t ntiles, int64_t CW, void *out, int odt,
                           int64_t off) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < CW;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int64_t t = 0; t < ntiles; t++) s += part[t * CW + i];
-    kc_st(out, odt, off + i, s);
-  }
+  int lane = threadIdx.x & 31;
+  int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+  if (i >= CW) return;                             /* the whole warp: i is per warp */
+  float s = 0.f;
+  for (int64_t t = lane; t < ntiles; t += 32) s += part[t * CW + i];
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (!lane) kc_st(out, odt, off + i, s);
 }
 
 static int64_t ko_conv_tiles(const kda_exec_node *n) {
@@ -256,8 +261,13 @@ static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
   if (W < 1 || W > CV_WMAX) return KO_ERR(n, "conv1d width W must be 1..8 on CUDA");
   if (n->op == KDA_OP_CONV1D) {
     int64_t tot = B * T * C;
-    k_conv_fwd<<<kc_blocks(tot, 256, (int64_t)c->num_sms * 16), 256, 0, c->stream>>>(
-        x->data, x->dtype, w->data, w->dtype, n->out.data, n->out.dtype, B, T, C, W, silu);
+    unsigned nb = kc_blocks(tot, 256, (int64_t)c->num_sms * 16);
+    if (tot + (int64_t)nb * 256 < INT32_MAX)
+      k_conv_fwd<int32_t><<<nb, 256, 0, c->stream>>>(x->data, x->dtype, w->data, w->dtype, n->out.data,
+                                                     n->out.dtype, (int32_t)B, (int32_t)T, (int32_t)C, W, silu);
+    else
+      k_conv_fwd<int64_t><<<nb, 256, 0, c->stream>>>(x->data, x->dtype, w->data, w->dtype, n->out.data,
+                                                     n->out.dtype, B, T, C, W, silu);
     KO_LAUNCH(n, "k_conv_fwd");
     return 0;
   }
@@ -271,8 +281,8 @@ static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
                                           n->in[2].dtype, n->out.data, n->out.dtype, part, B, T,
                                           C, W, silu);
   KO_LAUNCH(n, "k_conv_bwd");
-  k_conv_dw<<<kc_blocks(C * W, 256, 1024), 256, 0, c->stream>>>(part, ntiles, C * W, n->out.data,
-                                                               n->out.dtype, B * T * C);
+  k_conv_dw<<<(unsigned)((C * W * 32 + 255) / 256), 256, 0, c->stream>>>(part, ntiles, C * W, n->out.data,
+                                                                         n->out.dtype, B * T * C);
   KO_LAUNCH(n, "k_conv_dw");
   return 0;
 }
