@@ -16,8 +16,8 @@
 extern "C" int kda_set_error(const char *fmt, ...);
 
 typedef __nv_bfloat16 bf16;
-#define NT 256                      /* threads of the chunk kernels (version 1) and state passes */
-#define NTC 512                     /* threads of the version-2 chunk kernels (kda_tc.cu) */
+#define NT 256                      /* threads of the chunk kernels (version 1), the state passes (version 1) and the v2 forward state pass */
+#define NTC 512                     /* threads of the version-2 chunk kernels and backward state passes (kda_tc.cu) */
 #define BV 32                       /* V columns per state-pass block */
 #define L2_EPS 1e-6f
 
@@ -174,9 +174,9 @@ size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+__global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0);
-__global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
+__global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
                                                        const float *dht, float *dh0);
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep);
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep);

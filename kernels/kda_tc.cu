@@ -14,7 +14,8 @@ __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
-/* the block's threads: NTC for the chunk kernels, NT for the state passes (the helpers serve both) */
+/* the block's threads: NTC for the chunk kernels and the backward state passes, NT for the forward
+ * state pass (the helpers serve both) */
 #define BT ((int)blockDim.x)
 
 /* The 4 outputs of one mma_blk4 epilogue call: rows row0 + {0, 0, 8, 8}, columns d0 + {0, 1,
@@ -918,11 +919,11 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   __syncthreads();
   if (dh0) st_st(p, dh0, sbase, c0, t);
 }
-__global__ void __launch_bounds__(NT) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
+__global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0) {
   state_bwd_tc<false>(p, w, h0, dout, dht, dh0);
 }
-__global__ void __launch_bounds__(NT) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
+__global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
                                                        const float *dht, float *dh0) {
   state_bwd_tc<true>(p, w, h0, dout, dht, dh0);
 }
