@@ -16,8 +16,8 @@
 extern "C" int kda_set_error(const char *fmt, ...);
 
 typedef __nv_bfloat16 bf16;
-#define NT 256                      /* threads of the chunk kernels (version 1), the state passes (version 1) and the v2 forward state pass */
-#define NTC 512                     /* threads of the version-2 chunk kernels and backward state passes (kda_tc.cu) */
+#define NT 256                      /* threads: version 1, and version 2's forward state pass */
+#define NTC 512                     /* threads: version 2's chunk kernels, backward state passes */
 #define BV 32                       /* V columns per state-pass block */
 #define L2_EPS 1e-6f
 

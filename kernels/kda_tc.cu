@@ -546,8 +546,8 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       else Ls[i * CS + j] = bs[i] * c;
     };
     if constexpr (PR)
-      mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; }, [&](int d, int j) { return X[j * KS + d]; },
-                  offdiag);
+      mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
+                  [&](int d, int j) { return X[j * KS + d]; }, offdiag);
     else
       mma_tf1(32, r, K16, tft{Y, KS}, tft{X, KS}, offdiag);
     PH(4);
@@ -605,7 +605,8 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
   auto uout = [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; };
   if constexpr (PR)
-    mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; }, [&](int j, int d) { return ks[j * KS + d]; }, wout);
+    mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+                [&](int j, int d) { return ks[j * KS + d]; }, wout);
   else   /* Ms, ks hold tf32-rounded values (rounded where written) */
     mma_tf1(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, wout);
   PH(8);
