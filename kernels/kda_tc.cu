@@ -132,36 +132,27 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
   int tn = N >> 3, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
-    float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 16) {
       if (P == P_BF16) {
         int ka = k0 + 2 * t;
-        uint32_t a0 = pack_bf16(A(i0 + g, ka), A(i0 + g, ka + 1));
-        uint32_t a1 = pack_bf16(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1));
-        uint32_t a2 = pack_bf16(A(i0 + g, ka + 8), A(i0 + g, ka + 9));
-        uint32_t a3 = pack_bf16(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9));
-        uint32_t b0 = pack_bf16(B(ka, j0 + g), B(ka + 1, j0 + g));
-        uint32_t b1 = pack_bf16(B(ka + 8, j0 + g), B(ka + 9, j0 + g));
-        uint32_t a[4] = {a0, a1, a2, a3};
-        float c[4] = {c0, c1, c2, c3};
-        mma16816(c, a, b0, b1);
-        c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
+        uint32_t a[4] = {pack_bf16(A(i0 + g, ka), A(i0 + g, ka + 1)), pack_bf16(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1)),
+                         pack_bf16(A(i0 + g, ka + 8), A(i0 + g, ka + 9)),
+                         pack_bf16(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9))};
+        mma16816(c, a, pack_bf16(B(ka, j0 + g), B(ka + 1, j0 + g)), pack_bf16(B(ka + 8, j0 + g), B(ka + 9, j0 + g)));
       } else {
 #pragma unroll
         for (int kk = 0; kk < 16; kk += 8) {
           int ka = k0 + kk + t;
-          uint32_t a0 = to_tf32(A(i0 + g, ka)), a1 = to_tf32(A(i0 + g + 8, ka));
-          uint32_t a2 = to_tf32(A(i0 + g, ka + 4)), a3 = to_tf32(A(i0 + g + 8, ka + 4));
-          uint32_t b0 = to_tf32(B(ka, j0 + g)), b1 = to_tf32(B(ka + 4, j0 + g));
-          asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
-                       "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                       : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+          uint32_t a[4] = {to_tf32(A(i0 + g, ka)), to_tf32(A(i0 + g + 8, ka)), to_tf32(A(i0 + g, ka + 4)),
+                           to_tf32(A(i0 + g + 8, ka + 4))};
+          uint32_t b[2] = {to_tf32(B(ka, j0 + g)), to_tf32(B(ka + 4, j0 + g))};
+          mma_tf32(c[0], c[1], c[2], c[3], a, b);
         }
       }
     }
-    E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
+    E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
   }
 }
 /* mma_blk4 for P_3TF32 / P_3TF32A: the same tiles, thread ownership and epilogue calls; per k8
