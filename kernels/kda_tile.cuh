@@ -1,0 +1,294 @@
+/* kda_tile.cuh — the block-level building blocks of the version-2 KDA kernels (kda_tc.cu):
+ * block-wide MMA products over shared tiles and the asynchronous staging of tiles.
+ *   mma_blk / mma_blk4 / mma_blk4_3x   operands through accessors (any layout, computed values),
+ *                                      bf16, tf32 or split-tf32 precision;
+ *   mma_ldm                            bf16 tiles through ldmatrix (bt);
+ *   mma_tf / mma_tf1                   tf32 from tiles holding tf32-rounded values (tft, ldmatrix)
+ *                                      or accessors returning them;
+ *   cp_tile_f32 / cp_tile_bf16, batched  global -> shared staging (cp.async, batched loads).
+ * Every product hands its results to an epilogue; the tile-to-warp ownership of each driver
+ * is said where it is defined (read-modify-write epilogues rely on it). Included by kda_tc.cu
+ * only, after kda_common.cuh; BT is the launch's block size. */
+#pragma once
+#include <type_traits>
+#include "kda_common.cuh"
+#include "mma.cuh"
+#define BT ((int)blockDim.x)
+
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+/* Precisions of mma_blk: P_BF16 (bf16 operands, 8-bit significands), P_TF32 (11 bits),
+ * P_3TF32 (split tf32, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x - hi); the product
+ * is hi*hi + hi*lo + lo*hi, operand error ~2^-21 relative: fp32-level, three MMAs per k8 step),
+ * P_3TF32A (the same when A is exact in tf32, e.g. bf16 values: the lo(A) term is zero and
+ * skipped, two MMAs per k8 step). The precise backward (see "precise backward" below) runs
+ * every product that feeds the gate gradient in P_3TF32(A). */
+enum { P_BF16 = 0, P_TF32 = 1, P_3TF32 = 2, P_3TF32A = 3 };
+/* hi, lo tf32 halves of x. The mask: lo = x - hi needs hi's exact tf32 value, and the PTX ISA
+ * does not promise zero low bits in the cvt's .b32 result; lo needs none (whatever its low
+ * bits do in the MMA is below 2^-11 |lo| <= 2^-22 |x|) */
+static __device__ __forceinline__ void split_tf32(float x, uint32_t &hi, uint32_t &lo) {
+  hi = to_tf32(x) & 0xffffe000u;
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+static __device__ __forceinline__ void mma_tf32(float &c0, float &c1, float &c2, float &c3, const uint32_t *a,
+                                                const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* C[i][j] = sum_{k < Kd} A(i,k) B(k,j) for i < M, j < N, handed to E(i, j, c) once each.
+ * M % 16 == 0, N % 8 == 0, Kd % 16 == 0; the accessors return fp32 and must return 0 past the
+ * real extents (callers zero-pad their shared tiles). Warp w owns the 16x8 tiles t with
+ * t % nwarps == w, so two calls with the same (M, N) give every element the same thread: an
+ * epilogue may read-modify-write what an earlier such call wrote without a barrier.
+ * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16) and mma.m16n8k8 (.tf32), g = lane/4,
+ * t = lane%4. Operands come from shared memory by scalar loads (no ldmatrix: the tiles have
+ * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.
+ * P_3TF32, P_3TF32A run in mma_blk4_3x (same tiles and ownership).                       */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4);
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4) {
+  if constexpr (P == P_3TF32 || P == P_3TF32A) {
+    mma_blk4_3x<P>(M, N, Kd, A, B, E4);
+    return;
+  }
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 3, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+    for (int k0 = 0; k0 < Kd; k0 += 16) {
+      if (P == P_BF16) {
+        int ka = k0 + 2 * t;
+        uint32_t a[4] = {pack_bf16(A(i0 + g, ka), A(i0 + g, ka + 1)), pack_bf16(A(i0 + g + 8, ka), A(i0 + g + 8, ka + 1)),
+                         pack_bf16(A(i0 + g, ka + 8), A(i0 + g, ka + 9)),
+                         pack_bf16(A(i0 + g + 8, ka + 8), A(i0 + g + 8, ka + 9))};
+        mma16816(c, a, pack_bf16(B(ka, j0 + g), B(ka + 1, j0 + g)), pack_bf16(B(ka + 8, j0 + g), B(ka + 9, j0 + g)));
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 16; kk += 8) {
+          int ka = k0 + kk + t;
+          uint32_t a[4] = {to_tf32(A(i0 + g, ka)), to_tf32(A(i0 + g + 8, ka)), to_tf32(A(i0 + g, ka + 4)),
+                           to_tf32(A(i0 + g + 8, ka + 4))};
+          uint32_t b[2] = {to_tf32(B(ka, j0 + g)), to_tf32(B(ka + 4, j0 + g))};
+          mma_tf32(c[0], c[1], c[2], c[3], a, b);
+        }
+      }
+    }
+    E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
+  }
+}
+/* mma_blk4 for P_3TF32 / P_3TF32A: the same tiles, thread ownership and epilogue calls; per k8
+ * step three MMAs (lo(A) hi(B), hi(A) lo(B), hi(A) hi(B): small terms first), two for P_3TF32A */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 3, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+    for (int k0 = 0; k0 < Kd; k0 += 8) {
+      int ka = k0 + t;
+      float xa[4] = {A(i0 + g, ka), A(i0 + g + 8, ka), A(i0 + g, ka + 4), A(i0 + g + 8, ka + 4)};
+      float xb[2] = {B(ka, j0 + g), B(ka + 4, j0 + g)};
+      uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        if (P == P_3TF32) split_tf32(xa[u], ah[u], al[u]);
+        else ah[u] = to_tf32(xa[u]) & 0xffffe000u;   /* exact: lo(A) = 0 */
+      }
+      split_tf32(xb[0], bh[0], bl[0]);
+      split_tf32(xb[1], bh[1], bl[1]);
+      if (P == P_3TF32) mma_tf32(c0, c1, c2, c3, al, bh);
+      mma_tf32(c0, c1, c2, c3, ah, bl);
+      mma_tf32(c0, c1, c2, c3, ah, bh);
+    }
+    E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
+  }
+}
+/* mma_blk4 hands the epilogue a thread's four outputs at once: E4(i, j, C[i][j], C[i][j+1],
+ * C[i+8][j], C[i+8][j+1]), so a read-modify-write epilogue can issue its global loads together
+ * (one latency per tile instead of four: the compiler cannot move a load above the previous
+ * element's store, it cannot prove they do not alias). mma_blk: one element per call. */
+template <int P, class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_blk(int M, int N, int Kd, FA A, FB B, FE E) {
+  mma_blk4<P>(M, N, Kd, A, B, [&](int i, int j, float c0, float c1, float c2, float c3) {
+    E(i, j, c0);
+    E(i, j + 1, c1);
+    E(i + 8, j, c2);
+    E(i + 8, j + 1, c3);
+  });
+}
+
+/* ---- staging helpers: memory-level parallelism ------------------------------------------------
+ * Every v2 kernel spent most of its time waiting on global loads one at a time: a staging loop
+ * "smem[e] = f(global[e])" with a runtime trip count issues one load, waits ~0.5-1 us, stores,
+ * and goes on, so 8 warps keep ~3 KB in flight per SM where ~30 KB are needed to use the SM's
+ * share of HBM bandwidth (Little's law). Two cures, both value-preserving (same bytes land in
+ * the same places, so the results are bit-identical to the plain loops):
+ *   cp.async (sm_80+): 16-byte (or 4-byte) asynchronous global->shared copies, all in flight at
+ *     once, zero-filled past the valid rows / columns (src-size 0 reads nothing);
+ *   batched<U>: U loads per thread issued before their stores (for tiles that need a conversion). */
+/* dst[r*ds + c] = r < rows && c < cols ? rowp(r)[c] : 0 for r < R, c < Cp (fp32, asynchronous).
+ * Cp % 4 == 0, ds % 4 == 0, dst 16-byte aligned; rowp(r) is only called for r < rows, and
+ * rowp(0) serves as the (unread) address of zero-filled copies. 16-byte copies when cols % 4 == 0
+ * and the row pointers are 16-byte aligned (al: caller's check), else 4-byte copies. */
+template <class RP>
+static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, int Cp, int rows, int cols,
+                                                   bool al, RP rowp) {
+  if (al && cols % 4 == 0) {
+    int c4 = Cp >> 2;
+    for (int e = threadIdx.x; e < R * c4; e += BT) {
+      int r = e / c4, c = (e % c4) << 2;
+      bool ok = r < rows && c < cols;
+      cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+    }
+  } else {
+    for (int e = threadIdx.x; e < R * Cp; e += BT) {
+      int r = e / Cp, c = e % Cp;
+      bool ok = r < rows && c < cols;
+      cp_async4(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+    }
+  }
+}
+static __device__ __forceinline__ bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* for e < total: st(e, ld(e)), U loads per thread in flight before the stores */
+template <int U, class LD, class ST>
+static __device__ __forceinline__ void batched(int total, LD ld, ST st) {
+  for (int e0 = threadIdx.x; e0 < total; e0 += U * BT) {
+    decltype(ld(0)) x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (e0 + u * BT < total) x[u] = ld(e0 + u * BT);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (e0 + u * BT < total) st(e0 + u * BT, x[u]);
+  }
+}
+
+static __host__ __device__ __forceinline__ int r16(int64_t x) { return (int)((x + 15) / 16 * 16); }
+typedef __nv_bfloat16 sbf;   /* bf16 shared tiles (pure MMA operands) */
+static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
+/* ---- ldmatrix MMAs: bf16 tiles (the fast state passes) ---------------------------------------
+ * bt: a bf16 shared tile seen as a logical matrix X(r, k) (A: rows i; B: X(k, n)); kc = 1 when
+ * k is the contiguous index (A stored [i][ld], B stored [n][ld]), 0 when the other one is
+ * (A stored [k][ld] = A transposed, B stored [k][ld]). Rows 16-byte aligned (ld % 8 == 0),
+ * zero-padded like the mma_blk tiles. Fragments by ldmatrix (.trans for kc = 0), registers as
+ * mma_blk packs them (lower k in the low half): the products are bit-identical to mma_blk's
+ * P_BF16 on the same data (same k order). */
+struct bt {
+  const sbf *p;
+  int ld, kc;
+};
+/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
+ * mma_blk4's. A warp owns 16x16 output tiles (tile t with t % nwarps == w): one A fragment
+ * feeds two MMAs, three ldmatrix per two MMAs instead of two per one. Every mma_ldm call with
+ * the same (M, N) gives an element the same thread (read-modify-write epilogues need no
+ * barrier); mma_blk4's ownership differs, so the two must not share such targets. N % 16 == 0. */
+template <class FE>
+static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 4, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
+    float c[2][4] = {};
+#pragma unroll
+    for (int sgm = 0; sgm < 2; sgm++) {
+      const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
+      int Kd = sgm ? K1 : K0;
+#pragma unroll 2
+      for (int k0 = 0; k0 < Kd; k0 += 16) {
+        uint32_t a[4], b[4];
+        if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
+        else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
+        if (B.kc) ldsm_b_nk(b, B.p, B.ld, j0, k0, lane);
+        else ldsm_b_kn(b, B.p, B.ld, j0, k0, lane);
+        mma16816(c[0], a, b[0], b[1]);
+        mma16816(c[1], a, b[2], b[3]);
+      }
+    }
+    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
+    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+}
+
+/* ---- tf32 MMAs with pre-rounded operands (the fast kernels' fp32 products) ------------------
+ * mma_tf: C = A B in tf32 (k order as mma_blk's P_TF32: bit-identical to it on the same data)
+ * with the rounding done once, where each operand tile is written (tf32r), instead of per
+ * fragment load. An operand is either a tile tft{p, ld}, k-contiguous (A stored [m][k], B
+ * stored [n][k]), read by ldmatrix, or an accessor returning the (already rounded) fp32 value,
+ * read by scalar loads. A warp owns 16x16 tiles (two n-tiles share each A fragment); E4 as
+ * mma_blk4's; M % 16 == 0, N % 16 == 0, Kd % 8 == 0. */
+struct tft {
+  const float *p;
+  int ld;
+};
+static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
+  int tn = N >> 4, nt = (M >> 4) * tn;
+  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
+    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
+    float c[2][4] = {};
+#pragma unroll 2
+    for (int k0 = 0; k0 < Kd; k0 += 8) {
+      uint32_t a[4], b[4];
+      if constexpr (std::is_same<FA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
+      else {
+        a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
+        a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
+      }
+      if constexpr (std::is_same<FB, tft>::value) ldsm_tf32_b(b, B.p, B.ld, j0, k0, lane);
+      else {
+        b[0] = __float_as_uint(B(k0 + t, j0 + g)), b[1] = __float_as_uint(B(k0 + t + 4, j0 + g));
+        b[2] = __float_as_uint(B(k0 + t, j0 + 8 + g)), b[3] = __float_as_uint(B(k0 + t + 4, j0 + 8 + g));
+      }
+      mma_tf32(c[0][0], c[0][1], c[0][2], c[0][3], a, b);
+      mma_tf32(c[1][0], c[1][1], c[1][2], c[1][3], a, b + 2);
+    }
+    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
+    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+}
+/* a one-element epilogue E(i, j, c) as an E4 (mma_blk4's order) */
+template <class FE> static __device__ __forceinline__ auto each4(FE E) {
+  return [=](int i, int j, float c0, float c1, float c2, float c3) {
+    E(i, j, c0);
+    E(i, j + 1, c1);
+    E(i + 8, j, c2);
+    E(i + 8, j + 1, c3);
+  };
+}
+/* mma_tf with one element per epilogue call (as mma_blk) */
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf1(int M, int N, int Kd, FA A, FB B, FE E) {
+  mma_tf(M, N, Kd, A, B, each4(E));
+}
+
+/* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and
+ * the base is 16-byte aligned (zero past n rows and V columns), else batched scalar loads */
+static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int V16, int n, int64_t V,
+                                                    const void *src, int64_t t0, int64_t HV, int64_t h) {
+  const sbf *g = (const sbf *)src;
+  if (V % 8 == 0 && al16(src)) {
+    for (int e = threadIdx.x; e < C * (V16 / 8); e += BT) {
+      int i = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
+      bool ok = i < n && c < V;
+      cp_async16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
+    }
+  } else
+    batched<8>(C * V16, [&](int e) {
+      int i = e / V16, c = e % V16;
+      return i < n && c < V ? g[((t0 + i) * HV + h) * V + c] : __float2bfloat16(0.f);
+    }, [&](int e, sbf x) { dst[(e / V16) * ds + e % V16] = x; });
+}
