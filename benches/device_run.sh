@@ -16,6 +16,9 @@
 #   ab        one switch measured in the same run: the GPT steps with and without ${AB:-KDA_NO_FUSE}=1,
 #             alternating, per config (AB_CFGS="size=S batch=8 seq=512|..."); then the op
 #             micro-benchmarks (session 9 ran the same loop inline; not yet run as this mode)
+#   kda_ab    the KDA kernels, baseline (.devbuild/bundle_b.tar.xz: benches/kda_baseline.sh REV) against
+#             the bundle's: the new test (KDA_AB_ENV applied), then kda_bench alternating A B A B,
+#             the new side's precise backward and its phase timers at KDA_BENCH_SHAPE=0; one log
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -104,6 +107,21 @@ if [ "$MODE" = ab ]; then
   done
   stage "op micro-benchmarks"
   timeout 200 build/gpu/cuda_ops_bench > "$OUT/ops_bench.log" 2>&1; echo "rc=$?"; grep -iE "attention|rmsnorm|add" "$OUT/ops_bench.log" | head -20
+fi
+
+if [ "$MODE" = kda_ab ]; then   # env for the new side only: KDA_AB_ENV="KDA_KDA_ROWS_SEP=0 ..."
+  KA=/tmp/kda_base; mkdir -p "$KA"; tar -xJf .devbuild/bundle_b.tar.xz -C "$KA"
+  echo "A = $(cat "$KA/bin/REVISION" 2>/dev/null), B = $REV ${KDA_AB_ENV:-}" > "$OUT/kda_ab.log"
+  { env ${KDA_AB_ENV:-} timeout 150 "$K/bin/test_kda_cuda" > "$OUT/kda_test.log" 2>&1; echo "B test rc=$?"
+    grep -E "^FAIL|passed, " "$OUT/kda_test.log" | head -12
+    for rep in 1 2; do
+      echo "== A ($rep)"; timeout 90 "$KA/bin/kda_bench" 2>&1 | grep -E "^\("
+      echo "== B ($rep)"; env ${KDA_AB_ENV:-} timeout 90 "$K/bin/kda_bench" 2>&1 | grep -E "^\("
+    done
+    echo "== B, KDA_KDA_PRECISE=1"; env ${KDA_AB_ENV:-} KDA_KDA_PRECISE=1 timeout 90 "$K/bin/kda_bench" 2>&1 | grep "fwd+bwd"
+    echo "== B phases (8,2048,16,128)"; env ${KDA_AB_ENV:-} KDA_BENCH_SHAPE=0 timeout 90 "$K/bin/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
+  } >> "$OUT/kda_ab.log" 2>&1
+  cat "$OUT/kda_ab.log"
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
