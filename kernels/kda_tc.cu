@@ -454,18 +454,12 @@ static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, 
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
-/* S <- e^{G_last} S + x for a thread's 4 epilogue outputs, and the bf16 shadow */
+/* S <- e^{G_last} S + x for one epilogue output, and the bf16 shadow */
 template <class T>
-static __device__ __forceinline__ void st_s_upd(const st_tiles<T> &t, int d, int c, float x0, float x1, float x2,
-                                                float x3) {
-  float x[4] = {x0, x1, x2, x3};
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-    int r = d + (u >> 1) * 8, cc = c + (u & 1);
-    float v = t.en[r] * t.S[r * t.SB + cc] + x[u];
-    t.S[r * t.SB + cc] = v;
-    t.Sb[r * t.DB + cc] = __float2bfloat16(v);
-  }
+static __device__ __forceinline__ void st_s_upd(const st_tiles<T> &t, int r, int c, float x) {
+  float v = t.en[r] * t.S[r * t.SB + c] + x;
+  t.S[r * t.SB + c] = v;
+  t.Sb[r * t.DB + c] = __float2bfloat16(v);
 }
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
  * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand). */
@@ -474,16 +468,11 @@ static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, i
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
     mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
-            [&](int i, int c, float x0, float x1, float x2, float x3) {
-              float x[4] = {x0, x1, x2, x3};
-#pragma unroll
-              for (int u = 0; u < 4; u++) {
-                int r = i + (u >> 1) * 8, cc = c + (u & 1);
-                float v = t.Vn[r * t.SB + cc] - x[u];
-                t.Vb[r * t.DB + cc] = __float2bfloat16(v);
-                if (vn && r < m && c0 + cc < p.V) vn[((t0 + r) * p.HV + h) * p.V + c0 + cc] = v;
-              }
-            });
+            each4([&](int r, int c, float x) {
+              float v = t.Vn[r * t.SB + c] - x;
+              t.Vb[r * t.DB + c] = __float2bfloat16(v);
+              if (vn && r < m && c0 + c < p.V) vn[((t0 + r) * p.HV + h) * p.V + c0 + c] = v;
+            }));
     return;
   }
   mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
@@ -499,7 +488,7 @@ template <int P, class T>
 static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
   if constexpr (std::is_same<T, sbf>::value) {
     mma_ldm(t.K16, BVT, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
-            [&](int d, int c, float x0, float x1, float x2, float x3) { st_s_upd(t, d, c, x0, x1, x2, x3); });
+            each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
     return;
   }
   mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
@@ -529,14 +518,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     PH(1);
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
-            [&](int i, int c, float x0, float x1, float x2, float x3) {
-              float x[4] = {x0, x1, x2, x3};
-#pragma unroll
-              for (int u = 0; u < 4; u++) {
-                int r = i + (u >> 1) * 8, cc = c + (u & 1);
-                if (r < m && c0 + cc < V) stb(o, ((t0 + r) * HV + h) * V + c0 + cc, x[u]);
-              }
-            });
+            each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
     PH(2);
     if (ci + 1 < cl)
@@ -596,15 +578,10 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
      * the dS update's -W^T dVn, as W^T (-dVn), the same products) */
     if constexpr (!PR)
       mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-              [&](int j, int c, float x0, float x1, float x2, float x3) {
-                float x[4] = {x0, x1, x2, x3};
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                  int r = j + (u >> 1) * 8, cc = c + (u & 1);
-                  t.Vb[r * t.DB + cc] = __float2bfloat16(-x[u]);
-                  if (r < m && c0 + cc < V) w.dvn[((t0 + r) * HV + h) * V + c0 + cc] = x[u];
-                }
-              });
+              each4([&](int r, int c, float x) {
+                t.Vb[r * t.DB + c] = __float2bfloat16(-x);
+                if (r < m && c0 + c < V) w.dvn[((t0 + r) * HV + h) * V + c0 + c] = x;
+              }));
     else
     mma_blk<P>(p.C, BVT, p.C + t.K16,
                [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
@@ -620,7 +597,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
     if constexpr (!PR)
       mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
-              [&](int d, int c, float x0, float x1, float x2, float x3) { st_s_upd(t, d, c, x0, x1, x2, x3); });
+              each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
     else
     mma_blk<P>(t.K16, BVT, 2 * p.C,
                [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
