@@ -225,8 +225,23 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   for (int e = tid; e < (C / 16) * 256; e += BT) {
     int I = e >> 8, i = 16 * I + ((e >> 4) & 15), j = 16 * I + (e & 15);
     if (j > i || i >= n) continue;
+    /* four columns per shared load (float4: rows are 16-byte aligned), summed in column order
+     * as one at a time; the scalar loop takes the K % 4 tail. It was five scalar loads per
+     * (pair, column): the phase was bound by shared-load issue. */
     float aq = 0, ak = 0;
-    for (int d = 0; d < K; d++) {
+    int d = 0;
+    for (; d + 4 <= K; d += 4) {
+      float4 gi = *(const float4 *)(Gs + i * KS + d), gj = *(const float4 *)(Gs + j * KS + d);
+      float4 kj = *(const float4 *)(ks + j * KS + d), qi = *(const float4 *)(qs + i * KS + d);
+      float4 ki = *(const float4 *)(ks + i * KS + d);
+      float x0 = __expf(gi.x - gj.x) * kj.x, x1 = __expf(gi.y - gj.y) * kj.y;
+      float x2 = __expf(gi.z - gj.z) * kj.z, x3 = __expf(gi.w - gj.w) * kj.w;
+      aq += qi.x * x0, ak += ki.x * x0;
+      aq += qi.y * x1, ak += ki.y * x1;
+      aq += qi.z * x2, ak += ki.z * x2;
+      aq += qi.w * x3, ak += ki.w * x3;
+    }
+    for (; d < K; d++) {
       float x = __expf(Gs[i * KS + d] - Gs[j * KS + d]) * ks[j * KS + d];
       aq += qs[i * KS + d] * x, ak += ks[i * KS + d] * x;
     }
@@ -238,15 +253,23 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
     __syncthreads();
-    for (int e = tid; e < r * K16; e += BT) {      /* X[j] = k_j e^{G_r - G_j}, j < r */
-      int j = e / K16, d = e % K16;
-      float x = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
-      X[j * KS + d] = PR ? x : tf32r(x);           /* X, Y: MMA operands only (tf32, mma_tf) */
+    /* X, Y: MMA operands only (tf32, mma_tf); built four columns at a time (float4) */
+    auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
+    const int K4 = K16 / 4;
+    for (int e = tid; e < r * K4; e += BT) {       /* X[j] = k_j e^{G_r - G_j}, j < r */
+      int j = e / K4, d = (e % K4) * 4;
+      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             gj = *(const float4 *)(Gs + j * KS + d);
+      *(float4 *)(X + j * KS + d) = rnd(make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
+                                                    kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w)));
     }
-    for (int e = tid; e < 16 * K16; e += BT) {     /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
-      int ii = e / K16, d = e % K16, i = r + ii;
-      float s = __expf(Gs[i * KS + d] - Gs[r * KS + d]), y0 = qs[i * KS + d] * s, y1 = ks[i * KS + d] * s;
-      Y[ii * KS + d] = PR ? y0 : tf32r(y0), Y[(16 + ii) * KS + d] = PR ? y1 : tf32r(y1);
+    for (int e = tid; e < 16 * K4; e += BT) {      /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
+      int ii = e / K4, d = (e % K4) * 4, i = r + ii;
+      float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+      float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+      *(float4 *)(Y + ii * KS + d) = rnd(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+      *(float4 *)(Y + (16 + ii) * KS + d) = rnd(make_float4(ki.x * sc.x, ki.y * sc.y, ki.z * sc.z, ki.w * sc.w));
     }
     __syncthreads();
     PH(3);
@@ -271,24 +294,34 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * here in bf16 instead (same rounding of the same fp32 values: bit-identical operands), half
    * the bytes and ready for 16-byte cp.async (rows of K16 with zero pad columns for W, qg, kg).
    * PR: the same tiles in fp32 (rows of K16, and of C for Aqk) */
-  for (int e = tid; e < n * C; e += BT) {
-    int i = e / C, j = e % C;
-    if (PR) w.Aqk[ROWI(i) * C + j] = As[i * CS + j];
-    else w.Ab[ROWI(i) * C + j] = __float2bfloat16(As[i * CS + j]);   /* zero above the diagonal and past n */
-    w.M[ROWI(i) * C + j] = Ms[i * CS + j];
-    if (!PR) Ms[i * CS + j] = tf32r(Ms[i * CS + j]);   /* from here an MMA operand only */
-  }
-  for (int e = tid; e < n * K16; e += BT) {        /* kg, s qg (bf16 or PR fp32, pad columns zero) */
-    int r = e / K16, d = e % K16;
-    float G = Gs[r * KS + d], Gn = Gs[(n - 1) * KS + d];
-    float kg = ks[r * KS + d] * __expf(Gn - G), qg = qs[r * KS + d] * __expf(G);
-    if (PR) {
-      w.kg[ROWI(r) * K16 + d] = d < K ? kg : 0.f;
-      w.qg[ROWI(r) * K16 + d] = d < K ? p.scale * qg : 0.f;
-    } else {
-      w.kgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? kg : 0.f);
-      w.qgb[ROWI(r) * K16 + d] = __float2bfloat16(d < K ? p.scale * qg : 0.f);
+  /* four columns at a time (C and K16 are multiples of 16: rows stay 16-byte aligned) */
+  auto st4b = [](sbf *dst, float4 x) {             /* four bf16 (RN), one 8-byte store */
+    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 u = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+    *(uint2 *)dst = u;
+  };
+  for (int e = tid; e < n * (C / 4); e += BT) {
+    int i = e / (C / 4), j = (e % (C / 4)) * 4;
+    float4 a = *(const float4 *)(As + i * CS + j), m = *(const float4 *)(Ms + i * CS + j);
+    if (PR) *(float4 *)(w.Aqk + ROWI(i) * C + j) = a;
+    else st4b(w.Ab + ROWI(i) * C + j, a);          /* zero above the diagonal and past n */
+    *(float4 *)(w.M + ROWI(i) * C + j) = m;
+    if (!PR) *(float4 *)(Ms + i * CS + j) = make_float4(tf32r(m.x), tf32r(m.y), tf32r(m.z), tf32r(m.w));
+  }                                                /* Ms: from here an MMA operand only */
+  for (int e = tid; e < n * (K16 / 4); e += BT) {  /* kg, s qg (bf16 or PR fp32, pad columns zero) */
+    int r = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
+    float4 G = *(const float4 *)(Gs + r * KS + d), Gn = *(const float4 *)(Gs + (n - 1) * KS + d);
+    float4 kr = *(const float4 *)(ks + r * KS + d), qr = *(const float4 *)(qs + r * KS + d);
+    float g4[4] = {G.x, G.y, G.z, G.w}, n4[4] = {Gn.x, Gn.y, Gn.z, Gn.w};
+    float k4[4] = {kr.x, kr.y, kr.z, kr.w}, q4[4] = {qr.x, qr.y, qr.z, qr.w}, kg[4], qg[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float a = k4[u] * __expf(n4[u] - g4[u]), b = q4[u] * __expf(g4[u]);
+      kg[u] = d + u < K ? a : 0.f, qg[u] = d + u < K ? p.scale * b : 0.f;
     }
+    float4 kg4 = make_float4(kg[0], kg[1], kg[2], kg[3]), qg4 = make_float4(qg[0], qg[1], qg[2], qg[3]);
+    if (PR) *(float4 *)(w.kg + ROWI(r) * K16 + d) = kg4, *(float4 *)(w.qg + ROWI(r) * K16 + d) = qg4;
+    else st4b(w.kgb + ROWI(r) * K16 + d, kg4), st4b(w.qgb + ROWI(r) * K16 + d, qg4);
   }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   PH(6);
@@ -582,14 +615,14 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
                 t.Vb[r * t.DB + c] = __float2bfloat16(-x);
                 if (r < m && c0 + c < V) w.dvn[((t0 + r) * HV + h) * V + c0 + c] = x;
               }));
-    else
-    mma_blk<P>(p.C, BVT, p.C + t.K16,
-               [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
-               [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.S[(k - p.C) * t.SB + c]; },
-               [&](int j, int c, float x) {
-                 t.dV[j * t.SB + c] = x;
-                 if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
-               });
+    else   /* B = dO (bf16 data, exact) for k < C */
+      mma_blk4_3x<P>(p.C, BVT, p.C + t.K16,
+                     [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },
+                     [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.S[(k - p.C) * t.SB + c]; },
+                     each4([&](int j, int c, float x) {
+                       t.dV[j * t.SB + c] = x;
+                       if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
+                     }), p.C);
     __syncthreads();                               /* Aqk, kg dead: prefetch the previous chunk's */
     PH(4);
     if (ci > cf)
@@ -598,11 +631,11 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     if constexpr (!PR)
       mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
               each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
-    else
-    mma_blk<P>(t.K16, BVT, 2 * p.C,
-               [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
-               [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
-               [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+    else   /* B = dO (exact) for k < C */
+      mma_blk4_3x<P>(t.K16, BVT, 2 * p.C,
+                     [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
+                     [&](int k, int c) { return k < p.C ? f(t.dO[k * t.DB + c]) : t.dV[(k - p.C) * t.SB + c]; },
+                     each4([&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; }), p.C);
     PH(5);
   }
   __syncthreads();
@@ -869,9 +902,9 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if constexpr (PR)
     mma_blk<PT>(C, C, V16 + K16, dm_a,
                 [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; }, dm_out);
-  else
-    mma_tf1(C, C, V16 + K16, dm_a,
-            [&](int k, int j) { return k < V16 ? tf32r(bs[j] * f(Vr[j * VB + k])) : Kb[j * KS + k - V16]; }, dm_out);
+  else   /* [dVn | dW] and Kb by ldmatrix, bV formed per load */
+    mma_tf2(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
+            tft{Kb, KS}, K16, each4(dm_out));
   __syncthreads();
   PH(2);
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
@@ -1043,9 +1076,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int I = 1; I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I;
     __syncthreads();
-    for (int e = tid; e < r * K16; e += BT) {
-      int j = e / K16, d = e % K16;
-      X[j * KS + d] = ks[j * KS + d] * __expf(Gs[r * KS + d] - Gs[j * KS + d]);
+    for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
+      int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
+      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             gj = *(const float4 *)(Gs + j * KS + d);
+      *(float4 *)(X + j * KS + d) = make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
+                                                kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w));
     }
     __syncthreads();
     PH(3);
@@ -1085,11 +1121,18 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
     int rp = 16 * J + 15, mrow = n - rp - 1, m16 = r16(mrow);
     __syncthreads();
-    for (int e = tid; e < m16 * K16; e += BT) {     /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
-      int ii = e / K16, d = e % K16, i = rp + 1 + ii;
-      float s = ii < mrow ? __expf(Gs[i * KS + d] - Gs[rp * KS + d]) : 0.f;
-      X[ii * KS + d] = ii < mrow ? qs[i * KS + d] * s : 0.f;
-      X[(m16 + ii) * KS + d] = ii < mrow ? bs[i] * ks[i * KS + d] * s : 0.f;
+    for (int e = tid; e < m16 * (K16 / 4); e += BT) {   /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
+      int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (ii < mrow) {
+        float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
+               qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+        float b = bs[i];
+        float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+        x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
+        x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
+      }
+      *(float4 *)(X + ii * KS + d) = x0, *(float4 *)(X + (m16 + ii) * KS + d) = x1;
     }
     __syncthreads();
     PH(5);

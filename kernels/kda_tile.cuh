@@ -52,7 +52,7 @@ static __device__ __forceinline__ void mma_tf32(float &c0, float &c1, float &c2,
  * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.
  * P_3TF32, P_3TF32A run in mma_blk4_3x (same tiles and ownership).                       */
 template <int P, class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4);
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx = 0);
 template <int P, class FA, class FB, class FE>
 static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4) {
   if constexpr (P == P_3TF32 || P == P_3TF32A) {
@@ -87,16 +87,20 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
   }
 }
 /* mma_blk4 for P_3TF32 / P_3TF32A: the same tiles, thread ownership and epilogue calls; per k8
- * step three MMAs (lo(A) hi(B), hi(A) lo(B), hi(A) hi(B): small terms first), two for P_3TF32A */
+ * step three MMAs (lo(A) hi(B), hi(A) lo(B), hi(A) hi(B): small terms first), two for P_3TF32A.
+ * kbx: B is exact in tf32 (bf16 data) for k < kbx (a multiple of 8): there lo(B) = 0 and the
+ * hi(A) lo(B) MMA, which would add exact zeros, is skipped (the same sums) */
 template <int P, class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4) {
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 3, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
     float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 8) {
       int ka = k0 + t;
+      bool bx = k0 < kbx;
       float xa[4] = {A(i0 + g, ka), A(i0 + g + 8, ka), A(i0 + g, ka + 4), A(i0 + g + 8, ka + 4)};
       float xb[2] = {B(ka, j0 + g), B(ka + 4, j0 + g)};
       uint32_t ah[4], al[4], bh[2], bl[2];
@@ -105,10 +109,10 @@ static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, F
         if (P == P_3TF32) split_tf32(xa[u], ah[u], al[u]);
         else ah[u] = to_tf32(xa[u]) & 0xffffe000u;   /* exact: lo(A) = 0 */
       }
-      split_tf32(xb[0], bh[0], bl[0]);
-      split_tf32(xb[1], bh[1], bl[1]);
+      if (bx) bh[0] = to_tf32(xb[0]) & 0xffffe000u, bh[1] = to_tf32(xb[1]) & 0xffffe000u;
+      else split_tf32(xb[0], bh[0], bl[0]), split_tf32(xb[1], bh[1], bl[1]);
       if (P == P_3TF32) mma_tf32(c0, c1, c2, c3, al, bh);
-      mma_tf32(c0, c1, c2, c3, ah, bl);
+      if (!bx) mma_tf32(c0, c1, c2, c3, ah, bl);
       mma_tf32(c0, c1, c2, c3, ah, bh);
     }
     E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
@@ -233,32 +237,44 @@ struct tft {
   int ld;
 };
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
-template <class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
+/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product), each operand
+ * a tile or an accessor as above */
+template <class FA0, class FB0, class FA1, class FB1, class FE>
+static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int K0, FA1 A1, FB1 B1, int K1, FE E4) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 4, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
     float c[2][4] = {};
+    auto seg = [&](auto A, auto B, int Kd) {
+      typedef std::decay_t<decltype(A)> TA;
+      typedef std::decay_t<decltype(B)> TB;
 #pragma unroll 2
-    for (int k0 = 0; k0 < Kd; k0 += 8) {
-      uint32_t a[4], b[4];
-      if constexpr (std::is_same<FA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
-      else {
-        a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
-        a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
+      for (int k0 = 0; k0 < Kd; k0 += 8) {
+        uint32_t a[4], b[4];
+        if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
+        else {
+          a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
+          a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
+        }
+        if constexpr (std::is_same<TB, tft>::value) ldsm_tf32_b(b, B.p, B.ld, j0, k0, lane);
+        else {
+          b[0] = __float_as_uint(B(k0 + t, j0 + g)), b[1] = __float_as_uint(B(k0 + t + 4, j0 + g));
+          b[2] = __float_as_uint(B(k0 + t, j0 + 8 + g)), b[3] = __float_as_uint(B(k0 + t + 4, j0 + 8 + g));
+        }
+        mma_tf32(c[0][0], c[0][1], c[0][2], c[0][3], a, b);
+        mma_tf32(c[1][0], c[1][1], c[1][2], c[1][3], a, b + 2);
       }
-      if constexpr (std::is_same<FB, tft>::value) ldsm_tf32_b(b, B.p, B.ld, j0, k0, lane);
-      else {
-        b[0] = __float_as_uint(B(k0 + t, j0 + g)), b[1] = __float_as_uint(B(k0 + t + 4, j0 + g));
-        b[2] = __float_as_uint(B(k0 + t, j0 + 8 + g)), b[3] = __float_as_uint(B(k0 + t + 4, j0 + 8 + g));
-      }
-      mma_tf32(c[0][0], c[0][1], c[0][2], c[0][3], a, b);
-      mma_tf32(c[1][0], c[1][1], c[1][2], c[1][3], a, b + 2);
-    }
+    };
+    seg(A0, B0, K0);
+    if (K1) seg(A1, B1, K1);
     E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
     E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
   }
+}
+template <class FA, class FB, class FE>
+static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
+  mma_tf2(M, N, A, B, Kd, A, B, 0, E4);
 }
 /* a one-element epilogue E(i, j, c) as an E4 (mma_blk4's order) */
 template <class FE> static __device__ __forceinline__ auto each4(FE E) {
