@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 #include <algorithm>
 #include "kda.h"
@@ -48,7 +49,13 @@ static void *dev_rand(size_t n, int kind) {   /* 0 randn, 1 logsigmoid(randn), 2
 
 struct bufs { void *q, *k, *v, *g, *b, *o, *dO, *dq, *dk, *dv, *dg, *db, *ws; int64_t wsb; };
 
-static int run(const kda_kda_args *a, bufs &x, int bwd, cudaStream_t st) {
+/* fwd+bwd as a trainer runs it: the forward keeps its internals for the backward (a->keep,
+ * kda_cuda.h); KDA_BENCH_KEEP=0 makes the backward recompute them (the forward alone never keeps) */
+static int run(const kda_kda_args *a0, bufs &x, int bwd, cudaStream_t st) {
+  kda_kda_args ak = *a0;
+  const char *e = getenv("KDA_BENCH_KEEP");
+  ak.keep = bwd && !(e && strcmp(e, "0") == 0);
+  const kda_kda_args *a = &ak;
   if (kda_kda_cuda_forward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.o, nullptr, x.ws, x.wsb, st)) return -1;
   if (bwd && kda_kda_cuda_backward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.dO, nullptr, x.dq, x.dk,
                                    x.dv, x.dg, x.db, nullptr, nullptr, nullptr, x.ws, x.wsb, st)) return -1;

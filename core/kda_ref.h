@@ -41,6 +41,9 @@ typedef struct kda_kda_args {
   const int32_t *cu_seqlens; /* NULL, or nseq+1 offsets (host memory for the CPU functions,
                                 device memory for the CUDA ones)                              */
   int32_t nseq;              /* number of sequences when cu_seqlens is set                    */
+  int32_t keep;              /* CUDA only (the CPU ignores it): 1 = the forward keeps in its
+                                workspace what the backward would recompute, and the backward
+                                reuses it (kernels/kda_cuda.h says the contract)              */
 } kda_kda_args;
 
 /* 0 if the args are consistent (shapes, modes, chunk, cu_seqlens when host_seqlens), else -1. */

@@ -64,7 +64,7 @@ struct ws {
   float *dQ, *dKi, *dW, *dKb; /* [.,K] */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
-  float *Kb;        /* [.,K] b k e^G (version 2: written by the backward's k_intra_tc for k_bwd_mat_tc) */
+  float *Kb;        /* [.,K] b k e^G (version 2: written by k_intra_tc for k_bwd_mat_tc) */
   float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk */
   float *dgn;       /* [NTu, HV, K] rowsum_V(S0 . dSe) per chunk (tensor-core path) */
   float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
@@ -175,9 +175,9 @@ __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                     const float *dht, float *dh0);
+                                                     const float *dht, float *dh0, int kept);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
-                                                       const float *dht, float *dh0);
+                                                       const float *dht, float *dh0, int kept);
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep);
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep);
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);

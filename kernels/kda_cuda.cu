@@ -46,7 +46,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w)
   w->W = (float *)take(KB), w->kg = (float *)take(KB);
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
-  w->Kb = nullptr;
+  w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
   if (backward) {
     w->vn = (float *)take(TH * V * 4), w->dvn = (float *)take(TH * V * 4);
     w->Kb = (float *)take(TH * K * 4);
@@ -744,10 +744,13 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (check_common(a, op)) return -1;
   if (a->gate_mode == KDA_GATE_SOFTPLUS && !A_log)
     return kda_set_error("%s: the softplus gate (gate_mode 1) needs A_log [HV]: pass it", op);
-  if (check_ws(a, 0, workspace, workspace_bytes, &w, op)) return -1;
+  if (check_ws(a, a->keep ? 1 : 0, workspace, workspace_bytes, &w, op)) return -1;
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
   int tc = use_tc(a, 0, 0);
+  /* keep: k_intra_tc also writes Kb, k_state_fwd_tc the per-chunk states and Vn (the backward's
+   * fast path reads them instead of recomputing); only when that backward will run version 2 */
+  if (!(a->keep && tc && use_tc(a, 1, 0))) w.Kb = w.h = w.vn = nullptr;
   if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
   if (tc) {
     size_t sm = smem_state_tc(a->chunk, a->K, 0);
@@ -783,7 +786,10 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   int64_t NTu = n_chunks_max(a);
   int prec = use_precise(a, dA_log, ddt_bias);
   int tc = use_tc(a, 1, prec);
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
+  /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace
+   * (the fast path's exact values); the precise backward recomputes them in fp32 */
+  int kept = a->keep && tc && !prec;
+  if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec);
@@ -793,7 +799,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
      * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
      * 8 warps were too few), the rest equal or within 1% */
-    kst<<<gs, NTC, sm, st>>>(p, w, h0, dout, dht, dh0);
+    kst<<<gs, NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
      * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */

@@ -29,8 +29,17 @@ int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const void *k, co
                          void *workspace, int64_t workspace_bytes, void *stream);
 
 /* Chunked backward of loss = sum(o*dout) + sum(ht*dht) (dht may be NULL). Recomputes the
- * forward internals. dq, dk, dv, dg, dbeta (bf16) are overwritten; dA_log [HV], ddt_bias
- * [HV*K], dh0 (fp32) are overwritten when non-NULL. */
+ * forward internals, unless a->keep (below). dq, dk, dv, dg, dbeta (bf16) are overwritten;
+ * dA_log [HV], ddt_bias [HV*K], dh0 (fp32) are overwritten when non-NULL.
+ *
+ * a->keep = 1 (training: one forward, then its backward): the forward takes a workspace sized
+ * for the backward (kda_kda_cuda_workspace_bytes(a, 1)) and leaves in it what the backward's
+ * fast path recomputes (the rows' norms and gates, the chunk matrices, b k e^G, the state
+ * entering each chunk, Vn); a backward with keep = 1 on that workspace skips the recompute
+ * (k_rows, k_intra_tc and the state pass's forward sweep) and gives the same bytes. The
+ * caller's side: the same a, inputs and h0 as the forward, and nothing else writing the
+ * workspace in between (a backward leaves it intact: it may run again). The precise backward
+ * (dA_log / ddt_bias of a parameterised gate) and version 1 recompute regardless. */
 int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, const void *v,
                           const void *g, const void *beta, const float *A_log,
                           const float *dt_bias, const float *h0, const void *dout,

@@ -529,6 +529,9 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
 
+/* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the
+ * state entering each chunk and Vn, the same values (same kernels' arithmetic) that the
+ * backward state pass's forward sweep would recompute, which it then skips */
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
   int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV;
@@ -542,11 +545,12 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
+    if (w.h) st_st(p, w.h, (int64_t)ci * HV * p.K * V + h * p.K * V, c0, t);   /* kept: see below */
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
     cp_async_wait_all();
     __syncthreads();
     PH(0);
-    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, nullptr);
+    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();
     PH(1);
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
@@ -567,7 +571,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
  * dS, dVn, which every gradient and dg are built from, to fp32-level accuracy */
 template <bool PR>
 static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                    const float *dht, float *dh0) {
+                                                    const float *dht, float *dh0, int kept) {
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
@@ -576,9 +580,9 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   PH_INIT(2);
-  st_ld(p, h0, sbase, c0, t);
-  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
-  for (int ci = cf; ci < cl; ci++) {               /* forward sweep: h[c], Vn */
+  if (!kept) st_ld(p, h0, sbase, c0, t);
+  if (cf < cl && !kept) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
+  for (int ci = cf; ci < cl && !kept; ci++) {      /* forward sweep: h[c], Vn (kept: the forward's) */
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
@@ -642,12 +646,12 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   if (dh0) st_st(p, dh0, sbase, c0, t);
 }
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                     const float *dht, float *dh0) {
-  state_bwd_tc<false>(p, w, h0, dout, dht, dh0);
+                                                     const float *dht, float *dh0, int kept) {
+  state_bwd_tc<false>(p, w, h0, dout, dht, dh0, kept);
 }
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
-                                                       const float *dht, float *dh0) {
-  state_bwd_tc<true>(p, w, h0, dout, dht, dh0);
+                                                       const float *dht, float *dh0, int kept) {
+  state_bwd_tc<true>(p, w, h0, dout, dht, dh0, kept);
 }
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
@@ -921,12 +925,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
   else mma_tf1(C, C, C, tft{MsT, CS}, xb, dl_out);
   PH(4);
-  /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.vn (dead now) for the dbeta row sums */
+  /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
+   * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
   auto dv_out = [&](int j, int c, float x) {
     if (j < n && c < V) {
       stb(dv, ROWI(j) * V + c, bs[j] * x);
-      w.vn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
+      w.dvn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
     }
   };
   if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
@@ -942,7 +947,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   for (int j = wp; j < n; j += BT / 32) {          /* dbeta_WY: fixed-order warp sums */
     float acc = 0;
-    for (int64_t c = lane; c < V; c += 32) acc += w.vn[ROWI(j) * V + c];
+    for (int64_t c = lane; c < V; c += 32) acc += w.dvn[ROWI(j) * V + c];
     for (int64_t d = lane; d < K; d += 32) {
       int64_t gi = ROWI(j) * K + d;
       acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);

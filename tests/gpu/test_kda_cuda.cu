@@ -239,6 +239,33 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       it.push_back({"ddt_bias", &ddt, &ddt2, 0.008, 0});
     }
     verdict(name, it);
+    /* keep: a forward that keeps its internals (on a poisoned workspace, so nothing of the run
+     * above survives) and two backwards that reuse them give the same bytes as recomputing */
+    std::vector<std::pair<void *, size_t>> outs = {{od, p.nv * 2}, {htd, p.ns * 4}, {dqd, p.nq * 2},
+        {dkd, p.nq * 2}, {dvd, p.nv * 2}, {dgd, p.ng * 2}, {dbd, p.nb * 2}, {dAd, a.HV * 4},
+        {ddtd, a.HV * a.K * 4}, {dh0d, p.ns * 4}};
+    std::vector<std::vector<char>> ref;
+    for (auto &x : outs) {
+      ref.emplace_back(x.second);
+      CK(cudaMemcpy(ref.back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
+      CK(cudaMemset(x.first, 0x7f, x.second));
+    }
+    CK(cudaMemset(wsd, 0x7f, wsb));
+    kda_kda_args ak = a;
+    ak.keep = 1;
+    rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
+    for (int rep = 0; rep < 2 && !rc; rep++)
+      rc = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd,
+                                 dbd, dAd, ddtd, dh0d, wsd, wsb, nullptr);
+    CK(cudaDeviceSynchronize());
+    int same = !rc;
+    for (size_t i = 0; i < outs.size() && same; i++) {
+      std::vector<char> b(outs[i].second);
+      CK(cudaMemcpy(b.data(), outs[i].first, outs[i].second, cudaMemcpyDeviceToHost));
+      same = !memcmp(b.data(), ref[i].data(), b.size());
+    }
+    if (same) printf("ok - %s: keep (kept forward, two reusing backwards) = recompute, bit for bit\n", name), npass++;
+    else printf("FAIL - %s: keep differs from recompute%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
   for (void *x : fr) if (x) cudaFree(x);
