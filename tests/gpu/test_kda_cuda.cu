@@ -487,6 +487,9 @@ static void all_cases() {
   run_case("K=V=128 chunk 32", {1, 200, 2, 2, 128, 128, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=V=64 chunk 16", {1, 100, 1, 1, 64, 64, 16, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 (non-power-of-2)", {2, 130, 1, 1, 100, 60, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
+  /* K % 4 != 0: the general l2-norm backward (k_qk_bwd); K = 256: the vector one's second column group */
+  run_case("K=30 V=20 (K % 4 != 0)", {1, 100, 2, 2, 30, 20, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
+  run_case("K=256 V=64 chunk 32", {1, 100, 1, 1, 256, 64, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 chunk 32 softplus gate (precise backward, padded tiles)",
            {2, 130, 1, 1, 100, 60, 32, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=128 V=256 (expand_v 2)", {1, 150, 1, 1, 128, 256, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
