@@ -132,6 +132,12 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
   return ddt;
 }
 
+/* sum over the warp's lanes, every lane gets it (a fixed order: bit-reproducible) */
+static __device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 /* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */
 /* Each backward kernel has a precise twin (suffix _p, prec = 1 in the smem sizes): every
  * product that feeds dg runs in split tf32 (fp32-level) from fp32 tiles, so that dA_log and

@@ -98,10 +98,6 @@ __global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
 /* one warp per (token, value head) row (8 rows per block): the l2 norms are fixed-order shuffle
  * sums, no block barriers. It was a block of 128 threads per row with two block sums: 0.35 ms
  * at (8,2048,16,128) for ~0.6 GB of traffic, scheduling-bound. */
-static __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const void *beta,
                        const float *A_log, const float *dt_bias, ws w) {
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

@@ -480,8 +480,17 @@ static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_
     if (t.Sb) t.Sb[d * t.DB + c] = __float2bfloat16(x);
   }
 }
+/* dst <- S (rows d < K, columns c0 + c < V); 16-byte stores when V % 4 == 0 (every row start
+ * is then 16-byte aligned, and a group of 4 columns is all in or all out) */
 template <class T>
 static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
+  if (p.V % 4 == 0) {
+    for (int e = threadIdx.x; e < p.K * (BVT / 4); e += BT) {
+      int d = e / (BVT / 4), c = (e % (BVT / 4)) * 4;
+      if (c0 + c < p.V) *(float4 *)(dst + base + d * p.V + c0 + c) = *(const float4 *)(t.S + d * t.SB + c);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
     int d = e / BVT, c = e % BVT;
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
@@ -720,7 +729,7 @@ static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, i
         int c = cb + lane + 32 * u;
         if (c < V) acc += R1[d * VS + c] * R3[d * VS + c];
       }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
   }
 }
@@ -952,7 +961,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       int64_t gi = ROWI(j) * K + d;
       acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);
     }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (!lane) w.db[ROWI(j)] = acc;
   }
   PH(7);
@@ -1190,7 +1199,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         acc += k * R[u];
       }
     }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
     if (!lane) dbi[i] = acc;
   }
   __syncthreads();
