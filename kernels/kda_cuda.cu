@@ -560,9 +560,8 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
 #undef ROW
 }
 
-/* GVA group sum of the per-value-head dq, dk (wrt normalised), then the l2-norm backward. */
-/* GVA group sum + l2-norm backward, one warp per (token, key head) row (as k_rows); the
- * general form (any K, any alignment) */
+/* GVA group sum of the per-value-head dq, dk (wrt normalised), then the l2-norm backward, one
+ * warp per (token, key head) row (as k_rows); the general form (any K, any alignment) */
 __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk, ws w) {
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.H) return;
@@ -858,8 +857,9 @@ static int check_ws(const kda_kda_args *a, int backward, void *wsp, int64_t byte
   int64_t need = ws_layout(a, backward, nullptr, w);
   if (!wsp || bytes < need)
     return kda_set_error("%s: workspace of %lld bytes, need %lld " SHAPE_FMT
-                         ": size it with kda_kda_cuda_workspace_bytes", op, (long long)bytes,
-                         (long long)need, SHAPE_ARGS(a));
+                         ": size it with kda_kda_cuda_workspace_bytes(a, %d)%s", op, (long long)bytes,
+                         (long long)need, SHAPE_ARGS(a), backward,
+                         backward && a->keep ? " (keep: the forward needs the backward's size)" : "");
   if ((uintptr_t)wsp % 256)
     return kda_set_error("%s: workspace is not 256-byte aligned: pass a cudaMalloc'd pointer", op);
   ws_layout(a, backward, (char *)wsp, w);

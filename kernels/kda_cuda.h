@@ -38,8 +38,9 @@ int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const void *k, co
  * entering each chunk, Vn); a backward with keep = 1 on that workspace skips the recompute
  * (k_rows, k_intra_tc and the state pass's forward sweep) and gives the same bytes. The
  * caller's side: the same a, inputs and h0 as the forward, and nothing else writing the
- * workspace in between (a backward leaves it intact: it may run again). The precise backward
- * (dA_log / ddt_bias of a parameterised gate) and version 1 recompute regardless. */
+ * workspace in between (a backward leaves it intact: it may run again), and the same
+ * KDA_KDA_SIMPLE for both calls. The precise backward (dA_log / ddt_bias of a parameterised
+ * gate) and version 1 recompute regardless. */
 int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, const void *v,
                           const void *g, const void *beta, const float *A_log,
                           const float *dt_bias, const float *h0, const void *dout,

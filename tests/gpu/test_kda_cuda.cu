@@ -467,6 +467,13 @@ static void run_errors() {
                                 nullptr, nullptr, nullptr, nullptr, 0, nullptr);
   if (rc == -1 && strstr(kda_last_error(), "workspace")) printf("ok - small workspace refused\n"), npass++;
   else printf("FAIL - small workspace refused: rc=%d %s\n", rc, kda_last_error()), nfail++;
+  a.keep = 1;   /* a forward that keeps needs the backward's workspace */
+  int64_t fb = kda_kda_cuda_workspace_bytes(&a, 0);
+  rc = kda_kda_cuda_forward(&a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                            nullptr, nullptr, nullptr, (void *)256, fb, nullptr);
+  if (rc == -1 && strstr(kda_last_error(), "keep")) printf("ok - keep with a forward-sized workspace refused\n"), npass++;
+  else printf("FAIL - keep with a forward-sized workspace refused: rc=%d %s\n", rc, kda_last_error()), nfail++;
+  a.keep = 0;
   a.chunk = 48;
   rc = kda_kda_cuda_forward(&a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                             nullptr, nullptr, nullptr, nullptr, 0, nullptr);
