@@ -193,18 +193,31 @@ struct bt {
   const sbf *p;
   int ld, kc;
 };
-/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
- * mma_blk4's. A warp owns 16x16 output tiles (tile t with t % nwarps == w): one A fragment
- * feeds two MMAs, three ldmatrix per two MMAs instead of two per one. Every mma_ldm call with
- * the same (M, N) gives an element the same thread (read-modify-write epilogues need no
- * barrier); mma_blk4's ownership differs, so the two must not share such targets. N % 16 == 0. */
-template <class FE>
-static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+/* The 16x16 output tiles of an M x N product, warp w taking the tiles t with t % nwarps == w
+ * (so every call with the same (M, N) gives an element the same thread): acc(i0, j0, c)
+ * accumulates a tile's two 16x8 halves into c[0], c[1] (mma C fragments), then E4 gets each
+ * half as mma_blk4 hands its tiles. mma_ldm and mma_tf2 are this loop with their fragments. */
+template <class FK, class FE>
+static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 4, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
     float c[2][4] = {};
+    acc(i0, j0, c);
+    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
+    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+}
+/* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
+ * mma_blk4's. Tiles as warp_tiles16's: one A fragment feeds two MMAs, three ldmatrix per two
+ * MMAs instead of two per one; read-modify-write epilogues need no barrier between calls with
+ * the same (M, N), but mma_blk4's ownership differs, so the two must not share such targets.
+ * N % 16 == 0. */
+template <class FE>
+static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+  int lane = threadIdx.x & 31;
+  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) {
 #pragma unroll
     for (int sgm = 0; sgm < 2; sgm++) {
       const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
@@ -220,9 +233,7 @@ static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K
         mma16816(c[1], a, b[2], b[3]);
       }
     }
-    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
-    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
-  }
+  }, E4);
 }
 
 /* ---- tf32 MMAs with pre-rounded operands (the fast kernels' fp32 products) ------------------
@@ -241,11 +252,8 @@ static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(
  * a tile or an accessor as above */
 template <class FA0, class FB0, class FA1, class FB1, class FE>
 static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int K0, FA1 A1, FB1 B1, int K1, FE E4) {
-  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
-  int tn = N >> 4, nt = (M >> 4) * tn;
-  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
-    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
-    float c[2][4] = {};
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) {
     auto seg = [&](auto A, auto B, int Kd) {
       typedef std::decay_t<decltype(A)> TA;
       typedef std::decay_t<decltype(B)> TB;
@@ -268,9 +276,7 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
     };
     seg(A0, B0, K0);
     if (K1) seg(A1, B1, K1);
-    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
-    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
-  }
+  }, E4);
 }
 template <class FA, class FB, class FE>
 static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
