@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kda_cuda.h"
+#include "kernels.h"   /* kc_warp_sum */
 
 extern "C" int kda_set_error(const char *fmt, ...);
 
@@ -32,7 +33,7 @@ static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x 
 
 /* sum of v over the block (blockDim a multiple of 32, <= 1024); red has 32 floats */
 static __device__ inline float block_sum(float v, float *red) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = kc_warp_sum(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -130,12 +131,6 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
     }
   }
   return ddt;
-}
-
-/* sum over the warp's lanes, every lane gets it (a fixed order: bit-reproducible) */
-static __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 /* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */

@@ -110,7 +110,7 @@ __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const 
     float x = ldb(q, iq + d), y = ldb(k, iq + d);
     sq += x * x, sk += y * y;
   }
-  sq = warp_sum(sq), sk = warp_sum(sk);
+  sq = kc_warp_sum(sq), sk = kc_warp_sum(sk);
   float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
   float ea = A_log ? expf(A_log[h]) : 1.f;
   for (int64_t d = lane; d < K; d += 32) {
@@ -163,7 +163,7 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
     sq += xq[j].x * xq[j].x + xq[j].y * xq[j].y + xq[j].z * xq[j].z + xq[j].w * xq[j].w;
     sk += xk[j].x * xk[j].x + xk[j].y * xk[j].y + xk[j].z * xk[j].z + xk[j].w * xk[j].w;
   }
-  sq = warp_sum(sq), sk = warp_sum(sk);
+  sq = kc_warp_sum(sq), sk = kc_warp_sum(sk);
   float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
   float ea = A_log ? expf(A_log[h]) : 1.f;
 #pragma unroll
@@ -578,7 +578,7 @@ __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk,
       for (int64_t j = 0; j < grp; j++) dy += src[(tt * p.HV + hq * grp + j) * K + d];
       ss += xv * xv, dot += dy * xv;
     }
-    ss = warp_sum(ss), dot = warp_sum(dot);
+    ss = kc_warp_sum(ss), dot = kc_warp_sum(dot);
     float r = rsqrtf(ss + L2_EPS);
     for (int64_t d = lane; d < K; d += 32) {
       float dy = 0;
@@ -627,7 +627,7 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
       ss[wh] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
       dot[wh] += b.x * a.x + b.y * a.y + b.z * a.z + b.w * a.w;
     }
-    ss[wh] = warp_sum(ss[wh]), dot[wh] = warp_sum(dot[wh]);
+    ss[wh] = kc_warp_sum(ss[wh]), dot[wh] = kc_warp_sum(dot[wh]);
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {

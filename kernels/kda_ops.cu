@@ -246,7 +246,7 @@ __global__ void k_conv_dw(const float *part, int64_t ntiles, int64_t CW, void *o
   if (i >= CW) return;                             /* the whole warp: i is per warp */
   float s = 0.f;
   for (int64_t t = lane; t < ntiles; t += 32) s += part[t * CW + i];
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  s = kc_warp_sum(s);
   if (!lane) kc_st(out, odt, off + i, s);
 }
 

@@ -708,7 +708,7 @@ static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int ch
 #pragma unroll
     for (int r = 0; r < RB; r++) {
       float x = acc[r];
-      for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+      x = kc_warp_sum(x);
       int64_t d = d0 + r * NW;
       if (!lane && d < K) w.dgn[((int64_t)chunk * HV + h) * K + d] = x;
     }
@@ -729,7 +729,7 @@ static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, i
         int c = cb + lane + 32 * u;
         if (c < V) acc += R1[d * VS + c] * R3[d * VS + c];
       }
-    acc = warp_sum(acc);
+    acc = kc_warp_sum(acc);
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
   }
 }
@@ -961,7 +961,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       int64_t gi = ROWI(j) * K + d;
       acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);
     }
-    acc = warp_sum(acc);
+    acc = kc_warp_sum(acc);
     if (!lane) w.db[ROWI(j)] = acc;
   }
   PH(7);
@@ -1209,7 +1209,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         acc += k * R[u];
       }
     }
-    acc = warp_sum(acc);
+    acc = kc_warp_sum(acc);
     if (!lane) dbi[i] = acc;
   }
   __syncthreads();
