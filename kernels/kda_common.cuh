@@ -1,7 +1,8 @@
 /* kda_common.cuh — what the two versions of the CUDA KDA kernels share (internal to
- * kernels/kda_cuda.cu, which holds version 1 and the host side, and kernels/kda_tc.cu, which
- * holds version 2): the argument block kp, the scratch layout ws, the small device helpers,
- * the gate chain of the backward, and the version-2 entry points kda_cuda.cu launches.       */
+ * kernels/kda_cuda.cu, which holds the pipeline and the host side, kernels/kda_v1.cu, which
+ * holds version 1 and the decode, and kernels/kda_tc.cu, which holds version 2): the argument
+ * block kp, the scratch layout ws, the small device helpers, the gate chain of the backward,
+ * and the kernels kda_cuda.cu launches. */
 #ifndef KDA_COMMON_CUH
 #define KDA_COMMON_CUH
 #include <cuda_bf16.h>
@@ -132,6 +133,20 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
   }
   return ddt;
 }
+
+/* ---- version 1 and the decode (kernels/kda_v1.cu): kernels and their dynamic shared memory */
+size_t smem_intra(int64_t C, int64_t K);
+size_t smem_state(int64_t C, int64_t K);
+size_t smem_mat(int64_t C);
+__global__ void k_intra(kp p, const void *v, ws w);
+__global__ void k_state_fwd(kp p, ws w, const float *h0, void *o, float *ht);
+__global__ void k_state_bwd(kp p, ws w, const float *h0, const void *dout, const float *dht, float *dh0);
+__global__ void k_bwd_rows(kp p, const void *dout, ws w);
+__global__ void k_bwd_mat(kp p, const void *v, const void *dout, void *dv, ws w);
+__global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *A_log, const float *dt_bias,
+                            void *dg, void *dbeta, float *dA_log, float *ddt_bias, ws w);
+__global__ void k_decode(kp p, const void *q, const void *k, const void *v, const void *g, const void *beta,
+                         const float *A_log, const float *dt_bias, float *state, void *o);
 
 /* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */
 /* Each backward kernel has a precise twin (suffix _p, prec = 1 in the smem sizes): every
