@@ -1,7 +1,7 @@
 /* kda_tc.cu — version 2 of the CUDA KDA chunked kernels: tensor-core MMAs (mma.sync) for every
  * GEMM-shaped step. Launched by kernels/kda_cuda.cu (the host side, the shared pipeline and
  * version 1); the scratch layout and helpers are in kernels/kda_common.cuh, the block-wide MMA
- * products and staging helpers in kernels/kda_tile.cuh. ~1,230 lines for one idea: the six
+ * products and staging helpers in kernels/kda_tile.cuh. ~1,270 lines for one idea: the six
  * version-2 kernels, their precise backward twins instantiated from the same templates (so a
  * fix lands in both), the cumsum and triangular-inverse helpers they share, and the phase
  * timers' report (profiling builds). */
