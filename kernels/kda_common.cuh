@@ -91,10 +91,11 @@ static __device__ inline void seq_span(const kp &p, int64_t n, int64_t *bos, int
 }
 
 /* Column d of a chunk's gate gradient, shared by both kernel versions: the reverse cumsum of
- * dG (held in w.dW; dGn enters at the last row), then the gate chain of §2.1 from the
- * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the
- * column's ddt_bias share. */
-static __device__ inline float gate_chain_col(const kp &p, const ws &w, const void *g, const float *dt_bias,
+ * dG (dG_at(r): row r of column d; version 1 holds it in w.dW, version 2 in shared memory;
+ * dGn enters at the last row), then the gate chain of §2.1 from the log-decay back to the
+ * raw gate. Writes dg, adds the dA_log share to *dAl, returns the column's ddt_bias share. */
+template <class FD>
+static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void *g, const float *dt_bias,
                                        int has_A_log, void *dg, int64_t t0, int64_t h, int n, int64_t d,
                                        float dGn, float ea, float *dAl) {
   int64_t K = p.K, HV = p.HV;
@@ -107,7 +108,7 @@ static __device__ inline float gate_chain_col(const kp &p, const ws &w, const vo
 #pragma unroll
     for (int u = 0; u < 8; u++) {
       int64_t ir = ((t0 + r0 - u) * HV + h) * K + d;
-      dw[u] = r0 - u >= 0 ? w.dW[ir] : 0.f;
+      dw[u] = r0 - u >= 0 ? dG_at(r0 - u) : 0.f;
       gx[u] = r0 - u >= 0 && p.gate_mode ? ldb(g, ir) : 0.f;
     }
 #pragma unroll

@@ -974,10 +974,12 @@ __global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
- * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C]; dGn [K16] */
+ * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C];
+ * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
+ * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads) */
 size_t smem_final_tc(int64_t C, int64_t K) {
   int64_t KS = r16(K) + 4;
-  return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32) * 4;
+  return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
 }
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
 template <bool PR>
@@ -992,13 +994,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
-        *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C;
+        *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
   const int RS = (int)(HV * K);
   const int64_t g0 = ROWI(0) * K;
-  float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dWg = w.dW + g0, *dKbg = w.dKb + g0;
+  float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
   PH_INIT(5);
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
@@ -1037,9 +1039,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   __syncthreads();                                  /* dKi read above before it is overwritten */
   PH(1);
-  /* inter parts (dW <- dG) fused with the diagonal blocks (exact exponent). A thread owns one
-   * column d of one 16-row block: G and k of its 16 rows in registers, each pair's e^{G_i - G_j}
-   * formed once and used twice, as row i's term (dq_intra, R) and as column j's (dk_col);
+  /* inter parts of dG (into the dG tile) fused with the diagonal blocks (exact exponent). A
+   * thread owns one column d of one 16-row block: G and k of its 16 rows in registers, each
+   * pair's e^{G_i - G_j} formed once and used twice, as row i's term (dq_intra, R) and as
+   * column j's (dk_col);
    * dA, dL are broadcast loads. Sums run in the same order as one element at a time (j up for
    * a row, i up for a column). It was a thread per element recomputing each pair's exponent
    * for the row and for the column terms and reloading G, k per pair: 31% of the kernel. */
@@ -1083,11 +1086,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         int gi = (I0 + i) * RS + d;
         float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = __expf(Gs[(I0 + i) * KS + d]),
               b = bs[I0 + i];                      /* reloaded: gr, kr die after the pair loop */
-        float dW0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
+        float dG0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
         dQg[gi] = dq0[u] + dqi[i];
         dKbg[gi] = R[i];
         dKig[gi] = dKi0 + col[i];
-        dWg[gi] = dW0 + (q * dqi[i] - k * col[i]);
+        dGs[(I0 + i) * KS + d] = dG0 + (q * dqi[i] - k * col[i]);
       }
     }
   }
@@ -1121,12 +1124,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                    if (ii < 16) {
 #pragma unroll
                      for (int u = 0; u < 4; u++)
-                       if (ok[u]) a[u] = dQg[gi[u]], b[u] = dWg[gi[u]];
+                       if (ok[u]) a[u] = dQg[gi[u]], b[u] = dGs[iv[u] * KS + dv[u]];
 #pragma unroll
                      for (int u = 0; u < 4; u++)
                        if (ok[u]) {
                          float y = x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
-                         dQg[gi[u]] = a[u] + y, dWg[gi[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
+                         dQg[gi[u]] = a[u] + y, dGs[iv[u] * KS + dv[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
                        }
                    } else {
 #pragma unroll
@@ -1176,12 +1179,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                    for (int u = 0; u < 4; u++) gj[u] = jv[u] * RS + dv[u];
 #pragma unroll
                    for (int u = 0; u < 4; u++)
-                     if (ok[u]) a[u] = dKig[gj[u]], b[u] = dWg[gj[u]];
+                     if (ok[u]) a[u] = dKig[gj[u]], b[u] = dGs[jv[u] * KS + dv[u]];
 #pragma unroll
                    for (int u = 0; u < 4; u++)
                      if (ok[u]) {
                        float y = x[u] * __expf(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
-                       dKig[gj[u]] = a[u] + y, dWg[gj[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
+                       dKig[gj[u]] = a[u] + y, dGs[jv[u] * KS + dv[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
                      }
                  });
     PH(6);
@@ -1196,7 +1199,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       for (int u = 0; u < 4; u++) {
         int d = d0 + 32 * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dWg[gi];
+        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -1205,7 +1208,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         int gi = i * RS + d;
         float k = ks[i * KS + d];
         dKig[gi] = dk[u] + b * R[u];
-        dWg[gi] = dw[u] + k * b * R[u];
+        dGs[i * KS + d] = dw[u] + k * b * R[u];
         acc += k * R[u];
       }
     }
@@ -1217,7 +1220,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
   for (int d = tid; d < K; d += BT)               /* reverse cumsum + gate chain (§2.1) */
     w.gpart[((int64_t)cb * HV + h) * (K + 1) + d] =
-        gate_chain_col(p, w, g, dt_bias, A_log != NULL, dg, t0, h, n, d, dGn[d], ea, &dAl);
+        gate_chain_col(p, [&](int r) { return dGs[r * KS + d]; }, g, dt_bias, A_log != NULL, dg, t0, h, n, d,
+                       dGn[d], ea, &dAl);
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[((int64_t)cb * HV + h) * (K + 1) + K] = dAl;
   PH(8);
