@@ -14,6 +14,11 @@
  * consecutive ADAMW nodes as one multi-tensor launch (kc_adamw_multi) and the node pairs that
  * fuse_plan finds safe as one kernel each (KDA_NO_FUSE=1 turns them off).
  *
+ * A KDA node and its KDA_BWD in the same list (the same seven inputs) share a workspace of
+ * their own (keep_plan), so the forward leaves its internals for the backward instead of the
+ * backward recomputing them (kda_kda_args.keep; KDA_KDA_KEEP=0 turns it off). One such
+ * workspace per KDA layer, freed with the plan buffer that holds its inputs.
+ *
  * Scratch: one device buffer shared by every node (they run in order on one stream), sized to
  * the largest need of any list seen. Growing it moves it, so every captured graph is dropped
  * then and captured again; it only happens during the warm-up of a new list.              */
@@ -37,7 +42,13 @@ typedef struct input_slot {   /* one graph input's pinned host buffer and device
   cudaEvent_t copied, consumed;
 } input_slot;
 
-enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536, MAX_SHADOWS = 2048 };
+enum { MAX_GRAPHS = 64, MAX_ALLOCS = 65536, MAX_SHADOWS = 2048, MAX_KEPT = 512 };
+
+typedef struct kept_ws {      /* a KDA / KDA_BWD pair's own workspace, by the pair's inputs */
+  const void *in[7];
+  int64_t bytes;
+  void *ws;
+} kept_ws;
 
 static struct {
   int state;                   /* 0 untried, 1 ready, -1 no device */
@@ -67,6 +78,10 @@ static struct {
   cudaStream_t side;
   input_slot in[16];
   int nin;
+  /* kept KDA workspaces (keep_plan) */
+  int no_keep;
+  kept_ws kept[MAX_KEPT];
+  int nkept;
 } G;
 
 static const char *op_name(int op) { return kda_op_name(op); }
@@ -97,6 +112,7 @@ int kc_fail(const kda_exec_node *n, const char *call, const char *why, const cha
   } while (0)
 
 static void *dev_alloc(int64_t bytes, const char *what);
+static void *kda_kept_ws(const kda_exec_node *n, int64_t *bytes);
 
 /* ---- initialisation ---------------------------------------------------------------------- */
 static int init_once(void) {
@@ -117,6 +133,8 @@ static int init_once(void) {
   G.no_fuse = e && *e && strcmp(e, "0") != 0;
   e = getenv("KDA_CUDA_PROFILE");
   G.profile = e && *e && strcmp(e, "0") != 0;
+  e = getenv("KDA_KDA_KEEP");
+  G.no_keep = e && strcmp(e, "0") == 0;
   cudaDeviceProp prop;
   if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
       cudaStreamCreateWithFlags(&G.ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -129,6 +147,7 @@ static int init_once(void) {
     if (cudaEventCreate(&G.stage_ev[i]) != cudaSuccess) { cudaGetLastError(); G.state = -1; return -1; }
   snprintf(G.name, sizeof G.name, "%s", prop.name);
   G.ctx.num_sms = prop.multiProcessorCount;
+  G.ctx.kda_kept = kda_kept_ws;
   G.state = 1;   /* dev_alloc below tracks bytes; a failure turns the backend off again */
   G.ctx.workspace = dev_alloc((int64_t)32 << 20, "the cuBLASLt workspace");
   if (!G.ctx.workspace || kc_gemm_init(&G.ctx)) { G.state = -1; return -1; }
@@ -196,6 +215,15 @@ static void cu_free(void *p) {
       untrack(G.pool[i].dst);
       cudaFree(G.pool[i].dst);
       G.pool[i] = G.pool[--G.npool];
+    }
+  }
+  for (int i = G.nkept - 1; i >= 0; i--) {   /* kept KDA workspaces of layers inside it */
+    const char *q = (const char *)G.kept[i].in[0];
+    if (q >= (const char *)p && q < (const char *)p + bytes) {
+      drop_graphs();
+      untrack(G.kept[i].ws);
+      cudaFree(G.kept[i].ws);
+      G.kept[i] = G.kept[--G.nkept];
     }
   }
   for (int i = G.nin - 1; i >= 0; i--) {   /* batch slots of inputs inside the freed block */
@@ -750,6 +778,51 @@ static graph_entry *entry_for(int key) {
   return e;
 }
 
+/* ---- kept KDA workspaces ------------------------------------------------------------------ */
+static kept_ws *kept_of(const kda_exec_node *n) {
+  for (int i = 0; i < G.nkept; i++) {
+    int same = 1;
+    for (int j = 0; j < 7 && same; j++) same = G.kept[i].in[j] == n->in[j].data;
+    if (same) return &G.kept[i];
+  }
+  return NULL;
+}
+/* kc_ctx.kda_kept: the workspace a KDA / KDA_BWD node of a kept pair runs with, else NULL */
+static void *kda_kept_ws(const kda_exec_node *n, int64_t *bytes) {
+  kept_ws *k = G.no_keep ? NULL : kept_of(n);
+  if (!k) return NULL;
+  *bytes = k->bytes;
+  return k->ws;
+}
+/* Every KDA node of the list whose KDA_BWD follows in it gets a workspace of its own (sized
+ * for the backward), allocated here, before any capture. Out of memory: keep is turned off
+ * for the run with a one-line notice (the backward recomputes; nothing else changes). */
+static int keep_plan(const kda_exec_node *nodes, int n) {
+  if (G.no_keep) return 0;
+  for (int i = 0; i < n; i++) {
+    if (nodes[i].op != KDA_OP_KDA || kept_of(&nodes[i])) continue;
+    int paired = 0;
+    for (int j = i + 1; j < n && !paired; j++) {
+      paired = nodes[j].op == KDA_OP_KDA_BWD;
+      for (int k = 0; k < 7 && paired; k++) paired = nodes[j].in[k].data == nodes[i].in[k].data;
+    }
+    if (!paired) continue;
+    kda_kda_args a = kda_kda_args_of(&nodes[i]);
+    int64_t bytes = kda_kda_cuda_workspace_bytes(&a, 1);
+    void *ws = G.nkept < MAX_KEPT ? dev_alloc(bytes, "a KDA layer's kept workspace") : NULL;
+    if (!ws) {
+      fprintf(stderr, "kda: KDA keep off for this run (%s): the backward recomputes; "
+              "KDA_KDA_KEEP=0 skips the attempt\n", G.nkept < MAX_KEPT ? kda_last_error() : "too many KDA layers");
+      G.no_keep = 1;
+      return 0;
+    }
+    kept_ws *k = &G.kept[G.nkept++];
+    for (int j = 0; j < 7; j++) k->in[j] = nodes[i].in[j].data;
+    k->bytes = bytes, k->ws = ws;
+  }
+  return 0;
+}
+
 static int grow_scratch(int64_t need) {
   if (need <= G.ctx.scratch_bytes) return 0;
   CK(cudaStreamSynchronize(G.ctx.stream));
@@ -788,7 +861,7 @@ static int cu_run(const kda_exec_node *nodes, int n, int key) {
     int64_t s = scratch_need(&nodes[i]);
     if (s > need) need = s;
   }
-  if (grow_scratch(need)) return -1;
+  if (grow_scratch(need) || keep_plan(nodes, n)) return -1;
   if (G.profile) return shadow_plan(nodes, n) ? -1 : run_list_profiled(nodes, n);
   if (G.no_graph) return shadow_plan(nodes, n) ? -1 : run_list(nodes, n, 0);
   graph_entry *e = entry_for(key);

@@ -167,6 +167,12 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
   long long ph_t_ = clock64();                                                              \
   const int ph_k_ = (kid);                                                                  \
   if (threadIdx.x == 0) atomicAdd(&kda_phase_cyc[ph_k_][KDA_PH_PHASES], 1ull)
+/* PH_IN(kernel): the same clock in a helper the kernel calls (no block count); PH_RESET():
+ * the caller's clock restarts after such a helper (its time is the helper's phases) */
+#define PH_IN(kid)                                                                          \
+  long long ph_t_ = clock64();                                                              \
+  const int ph_k_ = (kid)
+#define PH_RESET() (ph_t_ = clock64())
 #define PH(ph)                                                                              \
   do {                                                                                      \
     __syncthreads();                                                                        \
@@ -178,6 +184,8 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
   } while (0)
 #else
 #define PH_INIT(kid) do { } while (0)
+#define PH_IN(kid) do { } while (0)
+#define PH_RESET() do { } while (0)
 #define PH(ph) do { } while (0)
 #endif
 extern "C" void kda_phase_report(const char *title);   /* prints and resets; no-op unless KDA_PHASES */
@@ -191,6 +199,7 @@ size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
+__global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0, int kept);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,

@@ -352,6 +352,13 @@ static int use_precise(const kda_kda_args *a, const float *dA_log, const float *
   if (e && *e) return strcmp(e, "0") != 0;
   return a->gate_mode != 0 && (dA_log || ddt_bias);
 }
+/* the precision a kept forward prepares for: the backward a parameterised gate's layer asks
+ * for (dA_log / ddt_bias wanted: use_precise's rule with both given), or KDA_KDA_PRECISE */
+static int keep_precise(const kda_kda_args *a) {
+  const char *e = getenv("KDA_KDA_PRECISE");
+  if (e && *e) return strcmp(e, "0") != 0;
+  return a->gate_mode != 0;
+}
 
 /* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit
  * in the device's shared memory (e.g. K = 256 at chunk 64, or V = 256 with K = 128 in the
@@ -443,9 +450,20 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   kp p = make_kp(a);
   int tc = use_tc(a, 0, 0);
   /* keep: k_intra_tc also writes Kb, k_state_fwd_tc the per-chunk states and Vn (the backward's
-   * fast path reads them instead of recomputing); only when that backward will run version 2 */
-  if (!(a->keep && tc && use_tc(a, 1, 0))) w.Kb = w.h = w.vn = nullptr;
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
+   * fast path reads them instead of recomputing); only when that backward will run version 2.
+   * A backward that will be precise (keep_precise) gets the precise internals: k_intra_tc_p's
+   * fp32 tiles and k_state_fwd_tc_p's 3xTF32 states (o from them, to fp32 level) */
+  int kp_ = a->keep && tc && keep_precise(a), pk = kp_ && use_tc(a, 1, 1);
+  if (!(a->keep && tc && (kp_ ? pk : use_tc(a, 1, 0)))) w.Kb = w.h = w.vn = nullptr;
+  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
+  if (pk) {
+    size_t sm = smem_state_tc(a->chunk, a->K, 1);
+    if (smem_opt_in((const void *)k_state_fwd_tc_p, sm, a, op, "k_state_fwd_tc_p")) return -1;
+    dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
+    k_state_fwd_tc_p<<<grid, NTC, sm, st>>>(p, w, h0, o, ht);
+    LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
+    return 0;
+  }
   if (tc) {
     size_t sm = smem_state_tc(a->chunk, a->K, 0);
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
@@ -480,9 +498,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   int64_t NTu = n_chunks_max(a);
   int prec = use_precise(a, dA_log, ddt_bias);
   int tc = use_tc(a, 1, prec);
-  /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace
-   * (the fast path's exact values); the precise backward recomputes them in fp32 */
-  int kept = a->keep && tc && !prec;
+  /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace,
+   * of the precision this backward runs at (keep_precise == prec), else recompute */
+  int kept = a->keep && tc && keep_precise(a) == prec;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */

@@ -14,7 +14,9 @@
  * The common case (bf16 activations in, bf16 o out; f32 packed gradient out) costs one
  * widening pass over dq..dbeta (~2 B read + 4 B written per element; predicted < 3% of the
  * backward, to be measured). Scratch = the KDA workspace + these staging buffers, sized by
- * kc_kda_scratch so the backend grows its one scratch buffer before capture.
+ * kc_kda_scratch so the backend grows its one scratch buffer before capture; a KDA node whose
+ * KDA_BWD follows in the same list runs on a workspace of the pair's own instead (c->kda_kept,
+ * kda_kda_args.keep: the backward reuses the forward's internals).
  *
  * CONV1D: depthwise causal conv y[b,t,c] = sum_j w[c,j] x[b,t-W+1+j,c] (zero before t = 0),
  * SiLU fused when iattr0 = 1. W <= 8. Forward: one thread per output, the W taps from L1.
@@ -107,6 +109,10 @@ static int ko_kda(const kda_exec_node *n, kc_ctx *c) {
                          "sizes scratch with kc_kda_scratch", kda_op_name(n->op), n->id,
                          (long long)w.total, (long long)c->scratch_bytes);
   ko_kda_layout(n, (char *)c->scratch, &w);
+  /* a kept pair (the backend's keep_plan): its own workspace, kept from forward to backward */
+  int64_t kb = 0;
+  void *kw = n->op != KDA_OP_KDA_DECODE && c->kda_kept ? c->kda_kept(n, &kb) : NULL;
+  if (kw) a.keep = 1, w.ws = kw, w.ws_bytes = kb;
   for (int i = 0; i < n->nin; i++) {
     const kda_tview *t = &n->in[i];
     if (w.in[i] != t->data &&

@@ -576,6 +576,47 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   if (ht) st_st(p, ht, sbase, c0, t);
 }
 
+/* The forward sweep of the backward state pass: from h0, per chunk, store the state entering
+ * it (w.h) and Vn (w.vn), then S <- e^{G_last} S + kg^T Vn. o != NULL (the precise forward
+ * of a kept call, PR only) also forms o = [s qg | Aqk] [S ; Vn] from the fp32 tiles, in the
+ * backward's 3xTF32 (fp32-level o). Ends with S = the final state (the caller's __syncthreads
+ * first). */
+template <bool PR, class T>
+static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, const st_tiles<T> &t,
+                                                    const float *h0, int64_t sbase, int64_t c0, int64_t h,
+                                                    int cf, int cl, void *o, int phk) {
+  constexpr int P = PR ? P_3TF32 : P_BF16;
+  int64_t K = p.K, V = p.V, HV = p.HV;
+  PH_IN(phk);
+  st_ld(p, h0, sbase, c0, t);
+  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
+  for (int ci = cf; ci < cl; ci++) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();                               /* previous update done with kg, Vn, S, en */
+    st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN | (o ? SG_QG | SG_A : 0));
+    cp_async_wait_all();
+    __syncthreads();
+    PH(0);
+    st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
+    __syncthreads();                               /* W dead: prefetch the next chunk's */
+    PH(1);
+    if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W);
+    if constexpr (PR) {
+      if (o) {                                     /* o = [s qg | Aqk] [S ; Vn] before S moves on */
+        mma_blk<P>(p.C, BVT, t.K16 + p.C,
+                   [&](int i, int k) { return k < t.K16 ? f(t.qg[i * t.KB + k]) : f(t.A[i * t.CB + k - t.K16]); },
+                   [&](int k, int c) { return k < t.K16 ? t.S[k * t.SB + c] : t.Vn[(k - t.K16) * t.SB + c]; },
+                   [&](int i, int c, float x) { if (i < m && c0 + c < V) stb(o, ((t0 + i) * HV + h) * V + c0 + c, x); });
+        __syncthreads();
+      }
+    }
+    st_upd_tc<P>(p, t);
+    PH(2);
+  }
+}
+
 /* PR: the precise backward (fp32 tiles from k_intra_tc_p, every product in P_3TF32): S, Vn,
  * dS, dVn, which every gradient and dg are built from, to fp32-level accuracy */
 template <bool PR>
@@ -589,25 +630,9 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   PH_INIT(2);
-  if (!kept) st_ld(p, h0, sbase, c0, t);
-  if (cf < cl && !kept) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
-  for (int ci = cf; ci < cl && !kept; ci++) {      /* forward sweep: h[c], Vn (kept: the forward's) */
-    int64_t t0 = w.ctab[4 * ci + 1];
-    int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous update done with kg, Vn, S, en */
-    st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
-    cp_async_wait_all();
-    __syncthreads();
-    PH(0);
-    st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
-    __syncthreads();                               /* W dead: prefetch the next chunk's */
-    PH(1);
-    if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W);
-    st_upd_tc<P>(p, t);
-    PH(2);
-  }
+  if (!kept) st_fwd_sweep<PR>(p, w, t, h0, sbase, c0, h, cf, cl, nullptr, 2);   /* kept: the forward's */
   __syncthreads();
+  PH_RESET();
   st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
   if (cf < cl)
     st_stage(p, w, t, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, nullptr, SG_A | SG_KG);
@@ -661,6 +686,19 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
                                                        const float *dht, float *dh0, int kept) {
   state_bwd_tc<true>(p, w, h0, dout, dht, dh0, kept);
+}
+/* The precise forward of a kept call (kda_kda_args.keep with a parameterised gate, whose
+ * backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
+ * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
+__global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
+  extern __shared__ __align__(16) float sm[];
+  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT;
+  st_tiles<float> t = st_carve<float>(p, sm);
+  int64_t sbase = (n * p.HV + h) * p.K * p.V;
+  PH_INIT(1);
+  st_fwd_sweep<true>(p, w, t, h0, sbase, c0, h, w.sfirst[n], w.sfirst[n + 1], o, 1);
+  __syncthreads();
+  if (ht) st_st(p, ht, sbase, c0, t);
 }
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */

@@ -22,6 +22,9 @@ typedef struct kc_ctx {
   int64_t scratch_bytes;
   void *workspace;          /* cuBLASLt workspace, 32 MiB, allocated once at start */
   int num_sms;
+  /* the own workspace of a KDA / KDA_BWD node whose pair keeps the forward's internals
+   * (backend_cuda.cu's keep_plan), its size in *bytes; NULL (or a NULL hook): none */
+  void *(*kda_kept)(const struct kda_exec_node *n, int64_t *bytes);
 } kc_ctx;
 
 /* Formats "cuda: <call> failed (<why>) in op <OP> node <id> out[<shape>] in0[..] (file:line)"
