@@ -10,6 +10,16 @@
 __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
 #endif
 
+/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
+ * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
+ * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
+ * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
+ * exponents. k_intra_tc only: in k_bwd_final_tc the same move cost more than it saved (its
+ * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
+ * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
+ * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
+constexpr float DIAG_SPAN = 64.f;
+
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
@@ -221,13 +231,61 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   PH(0);
   chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) { w.G[ROWI(r) * K + d] = x; });
   PH(1);
-  /* diagonal 16x16 blocks: exact per-pair exponent (any decay) */
-  for (int e = tid; e < (C / 16) * 256; e += BT) {
+  /* Rows of block I (rows r = 16 I .. r + 15) against columns j <= their own, factored around
+   * row r: e^{G_i - G_j} = e^{G_i - G_r} e^{G_r - G_j}, so each entry is one tf32 MMA dot
+   * product of Y_i = [q_i; k_i] e^{G_i - G_r} with X_j = k_j e^{G_r - G_j}. Off the diagonal
+   * (j < r) both factors are <= 1. On the diagonal block (r <= j <= i) X_j grows to e^{span},
+   * span = max_d (G_r - G_last) over the block's rows, and Y_i shrinks to e^{-span}: while
+   * span <= DIAG_SPAN both stay normal floats and the diagonal joins the MMA; a block with a
+   * steeper decay takes the exact per-pair exponents below instead. H200, (8,2048,16,128): the
+   * per-pair phase was 18.2k of k_intra_tc's 79.9k cycles a block. */
+  unsigned exact = 0;                              /* blocks whose diagonal needs the exact form */
+  for (int I = 0; I < C / 16 && 16 * I < n; I++) {
+    int r = 16 * I, last = min(r + 15, n - 1);
+    bool steep = false;
+    for (int d = tid; d < K; d += BT) steep |= Gs[r * KS + d] - Gs[last * KS + d] > DIAG_SPAN;
+    if (__syncthreads_or(steep)) exact |= 1u << I;   /* also the barrier before X, Y are rebuilt */
+    int nx = exact >> I & 1 ? r : r + 16;          /* X rows: j < r, and the block's own rows */
+    if (!nx) continue;
+    /* X, Y: MMA operands only (tf32, mma_tf); built four columns at a time (float4) */
+    auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
+    const int K4 = K16 / 4;
+    for (int e = tid; e < nx * K4; e += BT) {      /* X[j] = k_j e^{G_r - G_j} */
+      int j = e / K4, d = (e % K4) * 4;
+      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             gj = *(const float4 *)(Gs + j * KS + d);
+      *(float4 *)(X + j * KS + d) = rnd(make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
+                                                    kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w)));
+    }
+    for (int e = tid; e < 16 * K4; e += BT) {      /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
+      int ii = e / K4, d = (e % K4) * 4, i = r + ii;
+      float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+      float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+      *(float4 *)(Y + ii * KS + d) = rnd(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+      *(float4 *)(Y + (16 + ii) * KS + d) = rnd(make_float4(ki.x * sc.x, ki.y * sc.y, ki.z * sc.z, ki.w * sc.w));
+    }
+    __syncthreads();
+    PH(2);
+    auto entry = [&](int ii, int j, float c) {     /* Aqk for j <= i, L for j < i */
+      int i = r + (ii & 15);
+      if (i >= n || j > i) return;
+      if (ii < 16) As[i * CS + j] = p.scale * c;
+      else if (j < i) Ls[i * CS + j] = bs[i] * c;
+    };
+    if constexpr (PR)
+      mma_blk<PT>(32, nx, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
+                  [&](int d, int j) { return X[j * KS + d]; }, entry);
+    else
+      mma_tf1(32, nx, K16, tft{Y, KS}, tft{X, KS}, entry);
+    PH(3);
+  }
+  /* the steep blocks' diagonals: exact per-pair exponent (any decay) */
+  for (int e = tid; exact && e < (C / 16) * 256; e += BT) {
     int I = e >> 8, i = 16 * I + ((e >> 4) & 15), j = 16 * I + (e & 15);
-    if (j > i || i >= n) continue;
+    if (!(exact >> I & 1) || j > i || i >= n) continue;
     /* four columns per shared load (float4: rows are 16-byte aligned), summed in column order
-     * as one at a time; the scalar loop takes the K % 4 tail. It was five scalar loads per
-     * (pair, column): the phase was bound by shared-load issue. */
+     * as one at a time; the scalar loop takes the K % 4 tail */
     float aq = 0, ak = 0;
     int d = 0;
     for (; d + 4 <= K; d += 4) {
@@ -248,44 +306,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     As[i * CS + j] = p.scale * aq;
     if (j < i) Ls[i * CS + j] = bs[i] * ak;
   }
-  PH(2);
-  /* off-diagonal: rows of block I against all columns j < r = 16 I, factored around row r */
-  for (int I = 1; I < C / 16 && 16 * I < n; I++) {
-    int r = 16 * I;
-    __syncthreads();
-    /* X, Y: MMA operands only (tf32, mma_tf); built four columns at a time (float4) */
-    auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
-    const int K4 = K16 / 4;
-    for (int e = tid; e < r * K4; e += BT) {       /* X[j] = k_j e^{G_r - G_j}, j < r */
-      int j = e / K4, d = (e % K4) * 4;
-      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
-             gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(X + j * KS + d) = rnd(make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
-                                                    kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w)));
-    }
-    for (int e = tid; e < 16 * K4; e += BT) {      /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
-      int ii = e / K4, d = (e % K4) * 4, i = r + ii;
-      float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
-             qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
-      float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
-      *(float4 *)(Y + ii * KS + d) = rnd(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
-      *(float4 *)(Y + (16 + ii) * KS + d) = rnd(make_float4(ki.x * sc.x, ki.y * sc.y, ki.z * sc.z, ki.w * sc.w));
-    }
-    __syncthreads();
-    PH(3);
-    auto offdiag = [&](int ii, int j, float c) {
-      int i = r + (ii & 15);
-      if (i >= n) return;
-      if (ii < 16) As[i * CS + j] = p.scale * c;
-      else Ls[i * CS + j] = bs[i] * c;
-    };
-    if constexpr (PR)
-      mma_blk<PT>(32, r, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
-                  [&](int d, int j) { return X[j * KS + d]; }, offdiag);
-    else
-      mma_tf1(32, r, K16, tft{Y, KS}, tft{X, KS}, offdiag);
-    PH(4);
-  }
+  PH(4);
   __syncthreads();
   tril_inverse(Ls, Ms, CS, C, X);                  /* M = (I + L)^-1 (fp32); X is free now */
   PH(5);
