@@ -561,35 +561,55 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
 
 /* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the
  * state entering each chunk and Vn, the same values (same kernels' arithmetic) that the
- * backward state pass's forward sweep would recompute, which it then skips */
+ * backward state pass's forward sweep would recompute, which it then skips.
+ *
+ * Each chunk's loads are in flight while earlier work runs, in three cp.async groups a step:
+ * kg (read by the update, last) is issued at the step's top; U (into the fp32 Vn tile, dead
+ * once Vn's bf16 shadow is formed) right after Vn; W, s qg, Aqk after o; e^{G_last} rides in a
+ * register from the top to the end of o. It staged kg, U and e^{G_last} at the top and waited
+ * for them there: H200, (8,2048,16,128), that wait was 164k of the pass's 472k cycles a block. */
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV;
+  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV, K = p.K;
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
-  int64_t sbase = (n * HV + h) * p.K * V;
-  int cf = w.sfirst[n], cl = w.sfirst[n + 1];
+  int64_t sbase = (n * HV + h) * K * V;
+  int cf = w.sfirst[n], cl = w.sfirst[n + 1], tid = threadIdx.x;
   PH_INIT(1);
   st_ld(p, h0, sbase, c0, t);
-  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A);
+  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A | SG_U);
+  cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous update done with kg, Vn, S, en */
-    if (w.h) st_st(p, w.h, (int64_t)ci * HV * p.K * V + h * p.K * V, c0, t);   /* kept: see below */
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN);
-    cp_async_wait_all();
+    __syncthreads();                               /* previous update done with kg, Vb, S, en */
+    if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
+    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
+    cp_async_commit();
+    float gl[4];                                   /* G_last of columns tid + u BT, used after o */
+    const float *Gl = w.G + ((t0 + m - 1) * HV + h) * K;
+#pragma unroll
+    for (int u = 0; u < 4; u++) gl[u] = tid + u * BT < K ? Gl[tid + u * BT] : 0.f;
+    cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
     __syncthreads();
     PH(0);
     st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
-    __syncthreads();
+    __syncthreads();                               /* the fp32 Vn tile (U) is dead */
     PH(1);
+    if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_U);
+    cp_async_commit();
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (tid + u * BT < t.K16) t.en[tid + u * BT] = tid + u * BT < K ? __expf(gl[u]) : 0.f;
+    for (int d = tid + 4 * BT; d < t.K16; d += BT) t.en[d] = d < K ? __expf(Gl[d]) : 0.f;   /* K > 1024 */
+    cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
     PH(2);
     if (ci + 1 < cl)
       st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W | SG_QG | SG_A);
+    cp_async_commit();
     st_upd_tc<P_BF16>(p, t);
     PH(3);
   }
