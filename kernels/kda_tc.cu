@@ -559,6 +559,31 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
 
+/* e^{G_last} of a chunk for the update, loaded into registers early and stored into t.en late
+ * (after the products that do not read it), so its global latency hides behind them: columns
+ * tid + u BT for u < 4 (K16 <= 4 BT in every layout that fits in shared memory; a plain loop
+ * covers the rest) */
+struct st_glast {
+  float v[4];
+  const float *row;
+};
+static __device__ __forceinline__ st_glast st_glast_load(const kp &p, const ws &w, int64_t t0, int m, int64_t h) {
+  st_glast g;
+  g.row = w.G + ((t0 + m - 1) * p.HV + h) * p.K;
+#pragma unroll
+  for (int u = 0; u < 4; u++) g.v[u] = threadIdx.x + u * BT < p.K ? g.row[threadIdx.x + u * BT] : 0.f;
+  return g;
+}
+template <class T>
+static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T> &t, const st_glast &g) {
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    int d = threadIdx.x + u * BT;
+    if (d < t.K16) t.en[d] = d < p.K ? __expf(g.v[u]) : 0.f;
+  }
+  for (int d = threadIdx.x + 4 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? __expf(g.row[d]) : 0.f;
+}
+
 /* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the
  * state entering each chunk and Vn, the same values (same kernels' arithmetic) that the
  * backward state pass's forward sweep would recompute, which it then skips.
@@ -573,7 +598,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV, K = p.K;
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
   int64_t sbase = (n * HV + h) * K * V;
-  int cf = w.sfirst[n], cl = w.sfirst[n + 1], tid = threadIdx.x;
+  int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   PH_INIT(1);
   st_ld(p, h0, sbase, c0, t);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A | SG_U);
@@ -585,10 +610,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
     cp_async_commit();
-    float gl[4];                                   /* G_last of columns tid + u BT, used after o */
-    const float *Gl = w.G + ((t0 + m - 1) * HV + h) * K;
-#pragma unroll
-    for (int u = 0; u < 4; u++) gl[u] = tid + u * BT < K ? Gl[tid + u * BT] : 0.f;
+    st_glast gl = st_glast_load(p, w, t0, m, h);  /* stored into t.en after o */
     cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
     __syncthreads();
     PH(0);
@@ -600,10 +622,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (tid + u * BT < t.K16) t.en[tid + u * BT] = tid + u * BT < K ? __expf(gl[u]) : 0.f;
-    for (int d = tid + 4 * BT; d < t.K16; d += BT) t.en[d] = d < K ? __expf(Gl[d]) : 0.f;   /* K > 1024 */
+    st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
     PH(2);
@@ -628,22 +647,36 @@ static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, co
                                                     int cf, int cl, void *o, int phk) {
   constexpr int P = PR ? P_3TF32 : P_BF16;
   int64_t K = p.K, V = p.V, HV = p.HV;
+  /* cp.async groups as k_state_fwd_tc's: W (and U in the bf16 layout, where the fp32 Vn tile
+   * is dead once Vn's shadow is formed) for the next chunk right after Vn; kg (and s qg, Aqk
+   * for o) at the step's top, waited for after Vn; the fp32 layout's U (Vn is formed in place
+   * and lives to the update) at the top in a group of its own, waited for before Vn */
+  constexpr int UN = std::is_same<T, sbf>::value ? SG_U : 0;
   PH_IN(phk);
   st_ld(p, h0, sbase, c0, t);
-  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W);
+  if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | UN);
+  cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
     st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | SG_U | SG_EN | (o ? SG_QG | SG_A : 0));
-    cp_async_wait_all();
+    if (!UN) st_stage(p, w, t, t0, m, h, c0, nullptr, SG_U);
+    cp_async_commit();
+    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | (o ? SG_QG | SG_A : 0));
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                      /* W, U (kg, qg, Aqk may fly) */
     __syncthreads();
     PH(0);
     st_vn_tc<P>(p, t, t0, m, h, c0, w.vn);
-    __syncthreads();                               /* W dead: prefetch the next chunk's */
+    __syncthreads();                               /* W (and the bf16 layout's U) dead: prefetch */
     PH(1);
-    if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W);
+    if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W | UN);
+    cp_async_commit();
+    st_en_store(p, t, gl);
+    cp_async_wait_group<1>();                      /* kg, qg, Aqk (the next W, U may fly) */
+    __syncthreads();
     if constexpr (PR) {
       if (o) {                                     /* o = [s qg | Aqk] [S ; Vn] before S moves on */
         mma_blk<P>(p.C, BVT, t.K16 + p.C,
