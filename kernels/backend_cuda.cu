@@ -796,7 +796,8 @@ static void *kda_kept_ws(const kda_exec_node *n, int64_t *bytes) {
 }
 /* Every KDA node of the list whose KDA_BWD follows in it gets a workspace of its own (sized
  * for the backward), allocated here, before any capture. Out of memory: keep is turned off
- * for the run with a one-line notice (the backward recomputes; nothing else changes). */
+ * for the run with a one-line notice (the backward recomputes; nothing else changes), and the
+ * workspaces made so far are given back (graphs that name them are dropped: captured again). */
 static int keep_plan(const kda_exec_node *nodes, int n) {
   if (G.no_keep) return 0;
   for (int i = 0; i < n; i++) {
@@ -814,6 +815,12 @@ static int keep_plan(const kda_exec_node *nodes, int n) {
       fprintf(stderr, "kda: KDA keep off for this run (%s): the backward recomputes; "
               "KDA_KDA_KEEP=0 skips the attempt\n", G.nkept < MAX_KEPT ? kda_last_error() : "too many KDA layers");
       G.no_keep = 1;
+      if (G.nkept) {
+        CK(cudaStreamSynchronize(G.ctx.stream));   /* a queued step may still use them */
+        drop_graphs();
+        for (int k = 0; k < G.nkept; k++) untrack(G.kept[k].ws), cudaFree(G.kept[k].ws);
+        G.nkept = 0;
+      }
       return 0;
     }
     kept_ws *k = &G.kept[G.nkept++];
