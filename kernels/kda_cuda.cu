@@ -331,6 +331,10 @@ static int check_common(const kda_kda_args *a, const char *op) {
     return kda_set_error("%s: chunk=%d: the CUDA kernels take 16, 32 or 64", op, a->chunk);
   if (a->B * a->T > 0x7fffffff)
     return kda_set_error("%s: B*T=%lld tokens: at most 2^31-1 per call", op, (long long)(a->B * a->T));
+  int64_t nsb = n_seq(a) * a->HV * ((a->V + BVT - 1) / BVT);
+  if (nsb > 0x7fffffff)   /* the state passes' 1-D grid (state_grid) */
+    return kda_set_error("%s: %lld (sequence, head, %d value columns) blocks: at most 2^31-1 per "
+                         "call; split the batch", op, (long long)nsb, BVT);
   return 0;
 }
 
@@ -388,6 +392,12 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
     for (size_t y : x) if (y > need) need = y;
   }
   return need <= (size_t)lim;
+}
+
+/* version 2's state passes: one block per (sequence, value head, BVT value columns), the
+ * value tiles of a head adjacent (st_block in kda_tc.cu) */
+static dim3 state_grid(const kda_kda_args *a) {
+  return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + BVT - 1) / BVT)));
 }
 
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute) */
@@ -459,16 +469,14 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
     if (smem_opt_in((const void *)k_state_fwd_tc_p, sm, a, op, "k_state_fwd_tc_p")) return -1;
-    dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
-    k_state_fwd_tc_p<<<grid, NTC, sm, st>>>(p, w, h0, o, ht);
+    k_state_fwd_tc_p<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
     return 0;
   }
   if (tc) {
     size_t sm = smem_state_tc(a->chunk, a->K, 0);
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
-    dim3 grid((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
-    k_state_fwd_tc<<<grid, NT, sm, st>>>(p, w, h0, o, ht);
+    k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
     return 0;
   }
@@ -507,12 +515,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     size_t sm = smem_state_tc(a->chunk, a->K, prec);
     auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
     if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
-    dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BVT - 1) / BVT));
     /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
      * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
      * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
      * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
-    kst<<<gs, NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+    kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
      * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */

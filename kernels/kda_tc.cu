@@ -442,14 +442,14 @@ template <> struct st_src<float> {
   static __device__ __forceinline__ const float *kg(const ws &w) { return w.kg; }
   static __device__ __forceinline__ const float *A(const ws &w) { return w.Aqk; }
 };
-enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_EN = 32, SG_DO = 64 };
+enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_DO = 64 };
 /* Stage the parts asked for of chunk rows [t0, t0+m): asynchronous copies (zero past m, past
  * K, past V) of the tiles k_intra_tc wrote (W, s qg, kg, Aqk: bf16, the same rounding as the
  * fp32 -> bf16 conversion this function used to do; fp32 for the precise backward), U (fp32)
- * into t.Vn (st_vn_tc subtracts W S in place), dO (bf16) into t.dO; en = e^{G_last} by plain
- * loads. The caller runs cp_async_wait_all() and __syncthreads() before reading. Each sweep stages only
- * what it reads, and the parts that die early in a step are prefetched for the next chunk
- * while the step's last MMA runs. */
+ * into t.Vn (st_vn_tc subtracts W S in place), dO (bf16) into t.dO. The caller commits the
+ * copies as a cp.async group and waits for it (then __syncthreads) before reading. Each sweep
+ * stages only what it reads, each part a product or more ahead of its use (the sweeps' own
+ * comments say which); e^{G_last} goes through registers (st_glast_load / st_en_store). */
 template <class T>
 static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
                                 int64_t h, int64_t c0, const void *dout, int parts) {
@@ -488,9 +488,6 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
         t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[((t0 + i) * HV + h) * V + c0 + c] : __float2bfloat16(0.f);
       }
   }
-  if (parts & SG_EN)
-    for (int d = threadIdx.x; d < K16; d += BT)
-      t.en[d] = d < p.K ? __expf(w.G[((t0 + m - 1) * HV + h) * p.K + d]) : 0.f;
 }
 template <class T>
 static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
@@ -559,29 +556,40 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
 
+/* A state pass's block: (sequence n, value head h, V columns c0 .. c0 + BVT) from a 1-D grid of
+ * n_seq * HV * ceil(V / BVT) blocks (state_grid), the V tiles of one (n, h) adjacent, so the
+ * blocks that read the same chunk tiles (W, qg, kg, Aqk: every V tile of a head reads them all)
+ * are resident together and share them through L2. It was a (n, h, V tile) grid, the V tile
+ * slowest: at (8,2048,16,128) the first of two waves held V tiles 0-1 of every head and the
+ * second 2-3, each wave reading every chunk tile from memory again. */
+static __device__ __forceinline__ void st_block(const kp &p, int64_t *n, int64_t *h, int64_t *c0) {
+  int64_t nz = (p.V + BVT - 1) / BVT, b = blockIdx.x, nh = b / nz;
+  *c0 = (b % nz) * BVT, *h = nh % p.HV, *n = nh / p.HV;
+}
+
 /* e^{G_last} of a chunk for the update, loaded into registers early and stored into t.en late
  * (after the products that do not read it), so its global latency hides behind them: columns
- * tid + u BT for u < 4 (K16 <= 4 BT in every layout that fits in shared memory; a plain loop
- * covers the rest) */
+ * tid and tid + BT (K16 <= 2 BT: K <= 512 in the forward pass's 256 threads, 1024 in the
+ * others'); a plain loop covers the rest */
 struct st_glast {
-  float v[4];
+  float v[2];
   const float *row;
 };
 static __device__ __forceinline__ st_glast st_glast_load(const kp &p, const ws &w, int64_t t0, int m, int64_t h) {
   st_glast g;
   g.row = w.G + ((t0 + m - 1) * p.HV + h) * p.K;
 #pragma unroll
-  for (int u = 0; u < 4; u++) g.v[u] = threadIdx.x + u * BT < p.K ? g.row[threadIdx.x + u * BT] : 0.f;
+  for (int u = 0; u < 2; u++) g.v[u] = threadIdx.x + u * BT < p.K ? g.row[threadIdx.x + u * BT] : 0.f;
   return g;
 }
 template <class T>
 static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T> &t, const st_glast &g) {
 #pragma unroll
-  for (int u = 0; u < 4; u++) {
+  for (int u = 0; u < 2; u++) {
     int d = threadIdx.x + u * BT;
     if (d < t.K16) t.en[d] = d < p.K ? __expf(g.v[u]) : 0.f;
   }
-  for (int d = threadIdx.x + 4 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? __expf(g.row[d]) : 0.f;
+  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? __expf(g.row[d]) : 0.f;
 }
 
 /* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the
@@ -595,7 +603,8 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
  * for them there: H200, (8,2048,16,128), that wait was 164k of the pass's 472k cycles a block. */
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, V = p.V, HV = p.HV, K = p.K;
+  int64_t n, h, c0, V = p.V, HV = p.HV, K = p.K;
+  st_block(p, &n, &h, &c0);
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
@@ -699,7 +708,8 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
-  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT, K = p.K, V = p.V, HV = p.HV;
+  int64_t n, h, c0, K = p.K, V = p.V, HV = p.HV;
+  st_block(p, &n, &h, &c0);
   st_tiles<T> t = st_carve<T>(p, sm);
   int64_t sbase = (n * HV + h) * K * V;
   int cf = w.sfirst[n], cl = w.sfirst[n + 1];
@@ -707,16 +717,24 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   if (!kept) st_fwd_sweep<PR>(p, w, t, h0, sbase, c0, h, cf, cl, nullptr, 2);   /* kept: the forward's */
   __syncthreads();
   PH_RESET();
+  /* cp.async groups: dO at the step's top, waited for before dVn; s qg, W (read by the dS
+   * update only) at the top too, waited for after dVn; Aqk, kg of the previous chunk once dVn
+   * is formed; e^{G_last} through registers (as the forward sweeps) */
   st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
   if (cf < cl)
     st_stage(p, w, t, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, nullptr, SG_A | SG_KG);
+  cp_async_commit();
   for (int ci = cl - 1; ci >= cf; ci--) {
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
     st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, dout, SG_QG | SG_W | SG_DO | SG_EN);
-    cp_async_wait_all();
+    st_stage(p, w, t, t0, m, h, c0, dout, SG_DO);
+    cp_async_commit();
+    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_QG | SG_W);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                      /* Aqk, kg, dO (s qg, W may fly) */
     __syncthreads();
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; the bf16 layout keeps -dVn in the shadow Vb (its one use:
@@ -735,10 +753,13 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
                        t.dV[j * t.SB + c] = x;
                        if (j < m && c0 + c < V) w.dvn[((t0 + j) * HV + h) * V + c0 + c] = x;
                      }), p.C);
+    st_en_store(p, t, gl);
+    cp_async_wait_group<0>();                      /* s qg, W */
     __syncthreads();                               /* Aqk, kg dead: prefetch the previous chunk's */
     PH(4);
     if (ci > cf)
       st_stage(p, w, t, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, nullptr, SG_A | SG_KG);
+    cp_async_commit();
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
     if constexpr (!PR)
       mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
@@ -766,7 +787,8 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float 
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  int64_t n = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * BVT;
+  int64_t n, h, c0;
+  st_block(p, &n, &h, &c0);
   st_tiles<float> t = st_carve<float>(p, sm);
   int64_t sbase = (n * p.HV + h) * p.K * p.V;
   PH_INIT(1);
