@@ -1,8 +1,8 @@
 /* kda_common.cuh — what the two versions of the CUDA KDA kernels share (internal to
  * kernels/kda_cuda.cu, which holds the pipeline and the host side, kernels/kda_v1.cu, which
- * holds version 1 and the decode, and kernels/kda_tc.cu, which holds version 2): the argument
- * block kp, the scratch layout ws, the small device helpers, the gate chain of the backward,
- * and the kernels kda_cuda.cu launches. */
+ * holds version 1 and the decode, and kernels/kda_tc.cu with kda_tc_bwd.cu, which hold
+ * version 2): the argument block kp, the scratch layout ws, the small device helpers, the gate
+ * chain of the backward, and the kernels kda_cuda.cu launches. */
 #ifndef KDA_COMMON_CUH
 #define KDA_COMMON_CUH
 #include <cuda_bf16.h>
@@ -149,7 +149,7 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
 __global__ void k_decode(kp p, const void *q, const void *k, const void *v, const void *g, const void *beta,
                          const float *A_log, const float *dt_bias, float *state, void *o);
 
-/* ---- version 2 (kernels/kda_tc.cu): kernels and their dynamic shared memory -------------- */
+/* ---- version 2 (kernels/kda_tc.cu, kda_tc_bwd.cu): kernels and their dynamic shared memory */
 /* Each backward kernel has a precise twin (suffix _p, prec = 1 in the smem sizes): every
  * product that feeds dg runs in split tf32 (fp32-level) from fp32 tiles, so that dA_log and
  * ddt_bias, cancelling sums of dg, keep the reference's accuracy (kda_tc.cu, "precise
@@ -162,7 +162,8 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * and mean cycles per block. Ordinary builds compile the marks to nothing. */
 #define KDA_PH_KERNELS 6
 #define KDA_PH_PHASES 12
-#ifdef KDA_PHASES   /* kda_phase_cyc is defined in kda_tc.cu, the one file that marks phases */
+#ifdef KDA_PHASES   /* kda_phase_cyc: one per file that marks phases (kda_tc.cuh) */
+void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc_bwd.cu's, into c */
 #define PH_INIT(kid)                                                                        \
   long long ph_t_ = clock64();                                                              \
   const int ph_k_ = (kid);                                                                  \

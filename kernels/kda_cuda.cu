@@ -23,8 +23,9 @@
  *
  * Files: this one holds the shared pipeline (k_chunks, k_rows, k_qk_bwd, k_gate_reduce) and the
  * host side of both versions; version 1's kernels and the decode are in kda_v1.cu, version 2's
- * in kda_tc.cu; what they share (kp, the scratch layout ws, device helpers, the gate chain,
- * the kernels' declarations) is in kda_common.cuh. */
+ * in kda_tc.cu (intra, state passes) and kda_tc_bwd.cu (the chunk-parallel backward); what they
+ * share (kp, the scratch layout ws, device helpers, the gate chain, the kernels' declarations)
+ * is in kda_common.cuh. */
 #include "kda_common.cuh"
 
 /* carve the workspace; returns bytes used (base may be NULL to just count) */
@@ -343,7 +344,7 @@ int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
   return ws_layout(a, backward, nullptr, &w);
 }
 
-/* Version 2's precise backward (the _p kernels of kda_tc.cu). dA_log and ddt_bias are sums of
+/* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias are sums of
  * dg over tokens (and key dims) whose terms cancel, so their relative error is dg's times a
  * cancellation ratio that depends on the data (1 to ~60 on H = 1 draws of the lower-bound gate);
  * with dg built from bf16/tf32 products (~3e-3) dA_log missed its 3e-3 tolerance by up to 20x.

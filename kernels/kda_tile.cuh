@@ -182,6 +182,7 @@ static __device__ __forceinline__ void batched(int total, LD ld, ST st) {
 static __host__ __device__ __forceinline__ int r16(int64_t x) { return (int)((x + 15) / 16 * 16); }
 typedef __nv_bfloat16 sbf;   /* bf16 shared tiles (pure MMA operands) */
 static __device__ __forceinline__ float f(sbf x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float f(float x) { return x; }   /* the same accessor on fp32 tiles */
 /* ---- ldmatrix MMAs: bf16 tiles (the fast state passes) ---------------------------------------
  * bt: a bf16 shared tile seen as a logical matrix X(r, k) (A: rows i; B: X(k, n)); kc = 1 when
  * k is the contiguous index (A stored [i][ld], B stored [n][ld]), 0 when the other one is

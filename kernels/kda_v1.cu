@@ -1,7 +1,7 @@
 /* kda_v1.cu — version 1 of the CUDA KDA chunked kernels (KDA_KDA_SIMPLE=1, and the fallback
  * when version 2's tiles do not fit in shared memory) and the recurrent decode: every step in
  * scalar fp32, mirroring core/kda_ref.c. The pipeline they sit in, the scratch layout and the
- * host side are in kda_cuda.cu (its header describes each kernel); version 2 is kda_tc.cu. */
+ * host side are in kda_cuda.cu (its header describes each kernel); version 2 is kda_tc.cu and kda_tc_bwd.cu. */
 #include "kda_common.cuh"
 
 /* ---- intra-chunk: G, Aqk, L, M, W, U, kg, qg ----------------------------------------------- */

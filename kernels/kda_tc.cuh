@@ -1,0 +1,96 @@
+/* kda_tc.cuh — what the version-2 (tensor-core) KDA kernels of kda_tc.cu (intra-chunk and
+ * state passes) and kda_tc_bwd.cu (the chunk-parallel backward) share: the row index macro,
+ * the four-output epilogue helper, this version's design notes, and the phase counters of
+ * profiling builds (one set per file, read by kda_phase_report). */
+#ifndef KDA_TC_CUH
+#define KDA_TC_CUH
+#include "kda_tile.cuh"
+#ifdef KDA_PHASES
+/* this file's counters (PH in kda_common.cuh adds to them); kda_phase_take hands them over */
+static __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
+/* c += this file's counters, which restart at zero */
+static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
+  unsigned long long x[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
+  cudaMemcpyFromSymbol(x, kda_phase_cyc, sizeof x);
+  for (int k = 0; k < KDA_PH_KERNELS; k++)
+    for (int ph = 0; ph <= KDA_PH_PHASES; ph++) c[k][ph] += x[k][ph];
+  memset(x, 0, sizeof x);
+  cudaMemcpyToSymbol(kda_phase_cyc, x, sizeof x);
+}
+#endif
+
+/* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
+ * names its chunk's first token t0, the head count HV and its head h). */
+#define ROWI(i) (((t0 + (i)) * HV + h))
+/* BT (kda_tile.cuh) is the block's threads: NTC for the chunk kernels and the backward state
+ * passes, NT for the forward state pass (the helpers serve both) */
+
+/* The 4 outputs of one mma_blk4 epilogue call: rows row0 + {0, 0, 8, 8}, columns d0 + {0, 1,
+ * 0, 1}; ok where inside n rows and K columns; g the row-major index of row rowi(r). */
+struct epi4 {
+  int r[4], d[4];
+  bool ok[4];
+  int64_t g[4];
+};
+template <class FR>
+static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t K, FR rowi) {
+  epi4 e;
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    e.r[u] = row0 + (u >> 1) * 8, e.d[u] = d0 + (u & 1);
+    e.ok[u] = e.r[u] < n && e.d[u] < K;
+    e.g[u] = rowi(e.r[u]) * K + e.d[u];
+  }
+  return e;
+}
+
+/* ==== version 2: tensor cores (mma.sync) ====================================================
+ * Same scratch layout as version 1 (fp32 rows in ws), except that k_intra_tc writes W, s qg,
+ * kg, Aqk as bf16 into the W, qg, kg, Aqk buffers (ws.Wb, qgb, kgb, Ab: the state passes are
+ * their only version-2 readers and used them as bf16 MMA operands anyway), so each v2 kernel
+ * replaces its v1 twin one for one; KDA_KDA_SIMPLE=1 (or a shape whose tiles do not fit in
+ * shared memory) selects version 1 for the whole call. Staging is asynchronous (cp.async) or
+ * batched, see "staging helpers" below. What changes:
+ *   - every GEMM-shaped step is a block of warp MMAs (mma_blk below): bf16 m16n8k16 with fp32
+ *     accumulation for the big products (W S, qg S + Aqk Vn, kg^T Vn, the backward's
+ *     dO S0^T, Vn dS^T, dVn S0^T, dO Vn^T, Aqk^T dO + kg dS, qg^T dO - W^T dVn) — the operand
+ *     rounding fla uses (KDA.md §3.3 item 3);
+ *   - tf32 m16n8k8 where fla keeps fp32 operands: the factored off-diagonal blocks of Aqk, L
+ *     and of the intra backward, and the dL = -M^T (dM M^T) chain (KDA.md §4.3 "must not be
+ *     rounded to bf16"); also W = M Kb, U = M bV (k_intra_tc) and dM, M^T dVn, M^T dW
+ *     (k_bwd_mat_tc): see the comments there (dbeta cancellation, docs/kda.md);
+ *   - the 16-row sub-chunk trick (KDA.md §3.3 item 2): an off-diagonal 16x16 block (I > J) is
+ *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
+ *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
+ *     diagonal blocks join that product in k_intra_tc when their decay span allows (DIAG_SPAN
+ *     in kda_tc.cu) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
+ *     k_bwd_final_tc (scalar, 16x16/2 pairs each);
+ *   - fp32 stays where the spec keeps it: G (cumsum), the state S and dS (rounded to bf16
+ *     only as an MMA operand), M's forward substitution, all accumulators;
+ *   - dA_log / ddt_bias: per-chunk partials + k_gate_reduce (fixed order; no float atomics),
+ *     dbeta by warp-per-row fixed-order sums: the backward is bit-reproducible.
+ * Predicted before the first run: fwd+bwd (8,2048,16,128) from 109 ms (version 1) to
+ * ~5-10 ms. Measured on the H200 (benches/history.tsv): 26.35 ms as first written, 19.28 ms
+ * after the staging rewrite (024ea8f), 11.54 ms after the blocked inverse, all-cp.async
+ * staging, 512-thread chunk kernels and the register-resident diagonal blocks of the intra
+ * backward (c79bf6b); the §8 target (1.9 ms) needs ldmatrix operand fetch and less recompute
+ * (docs/kda.md "Missing / next").
+ *
+ * ---- precise backward (the _p twins: k_intra_tc_p, k_state_bwd_tc_p, k_bwd_rows_tc_p,
+ * k_bwd_mat_tc_p, k_bwd_final_tc_p; the host picks them when dA_log / ddt_bias are asked for
+ * with a gate that has parameters, see use_precise in kda_cuda.cu) ----
+ * dA_log (one scalar per head) and ddt_bias are sums over tokens (and key dims) of mixed-sign
+ * per-element gate gradients dg, so their relative error is dg's times a cancellation ratio
+ * that depends on the data. The products above leave ~3e-3 relative error in dg (bf16 operands
+ * ~1.6e-3 each, tf32 ~2e-4); with H = 1 draws of the lower-bound gate the ratio reached ~20-60
+ * and dA_log missed its 3e-3 tolerance by up to 20x (version 1, fp32: 5e-7). Every product
+ * feeds dg: the recompute (Aqk, L, W, U), the state pass (S, Vn, dS, dVn), dQ/dKi/dW, dA, the
+ * dM -> dL chain, the intra off-diagonal blocks; a numpy model of this pipeline (matching the
+ * H200's 6.6e-2 and 4.5e-3 on the two failing draws) showed that moving only the bf16 products
+ * to tf32, or all but one group to fp32, still fails the tail (up to 1e-2 over 60 draws). So
+ * the twins run all of them as P_3TF32 (split tf32, fp32-level: ~2e-7 on dg, dA_log <= 5e-6
+ * over 60 draws in the model) from fp32 tiles: W, s qg, kg, Aqk in fp32 (written by
+ * k_intra_tc_p), S0, dS, Vn, dVn staged in fp32. The forward and the pre-gated backward keep
+ * the kernels above. */
+
+#endif

@@ -1,0 +1,594 @@
+/* kda_tc_bwd.cu — version 2 of the CUDA KDA chunked kernels, backward half: the
+ * chunk-parallel kernels after the backward state pass, per (chunk, value head), 512 threads:
+ * k_bwd_rows_tc (the contractions over V with the chunk's entering state and its gradient),
+ * k_bwd_mat_tc (the WY part: dA, dM -> dL, dv, dKb, dbeta) and k_bwd_final_tc (the intra
+ * terms, dG, the gate and beta chains), each with its precise twin from the same template.
+ * Shared with kda_tc.cu (intra and state passes): kda_tc.cuh. */
+#include "kda_tc.cuh"
+
+/* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
+/* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
+ * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0, R2 [C][VS]
+ * dVn then Vn, fp32 G [C][K16+4], bf16 dO [C][VB]; dS goes to its own tile R3 [K16][VS] with
+ * the first copies when it fits (sep, smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn
+ * is summed from shared memory while Vn streams in; otherwise into R1 after the S0 products
+ * and dgn reads S0, dS from global (rows_dgn). The fast variant rounds S0, dS, Vn, dVn to bf16
+ * as MMA operands (the same RN rounding its staging used to do with batched converting loads);
+ * the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16 input, is exact
+ * in tf32: P_3TF32A). */
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants, dS sharing R1 */
+  return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
+}
+size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
+  return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
+}
+/* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
+ * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
+static __device__ __forceinline__ void rows_dgn(const kp &p, const ws &w, int chunk, int64_t h, const float *gS0,
+                                                const float *gdS) {
+  int64_t K = p.K, V = p.V, HV = p.HV;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  constexpr int RB = 4;
+  const int NW = BT / 32;
+  for (int64_t d0 = wp; d0 < K; d0 += RB * NW) {
+    float acc[RB] = {};
+    for (int64_t cb = 0; cb < V; cb += 128) {
+      float a[RB][4], b[RB][4];
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int64_t d = d0 + r * NW, c = cb + lane + 32 * u;
+          bool ok = d < K && c < V;
+          a[r][u] = ok ? gS0[d * V + c] : 0.f, b[r][u] = ok ? gdS[d * V + c] : 0.f;
+        }
+#pragma unroll
+      for (int r = 0; r < RB; r++)
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+          if (cb + lane + 32 * u < V) acc[r] += a[r][u] * b[r][u];
+    }
+#pragma unroll
+    for (int r = 0; r < RB; r++) {
+      float x = acc[r];
+      x = kc_warp_sum(x);
+      int64_t d = d0 + r * NW;
+      if (!lane && d < K) w.dgn[((int64_t)chunk * HV + h) * K + d] = x;
+    }
+  }
+}
+/* the same sums from the staged fp32 tiles (R1 = S0, R3 = dS, rows of VS; zero past V): the
+ * same per-lane order (blocks of 128 columns, lane + 32 u) and shuffle tree as rows_dgn, so
+ * bit-identical to it */
+static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, int chunk, int64_t h, const float *R1,
+                                                     const float *R3, int VS) {
+  int64_t K = p.K, V = p.V;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int d = wp; d < K; d += BT / 32) {
+    float acc = 0.f;
+    for (int cb = 0; cb < V; cb += 128)
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int c = cb + lane + 32 * u;
+        if (c < V) acc += R1[d * VS + c] * R3[d * VS + c];
+      }
+    acc = kc_warp_sum(acc);
+    if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
+  }
+}
+/* rows r < R of an fp32 tile [.][ld] become bf16 (RN) in place: row r's bf16 copy starts at
+ * its fp32 row, so the bf16 tile has a pitch of 2 ld elements (ld = 8 mod 32 floats keeps
+ * ldmatrix conflict-free). A warp converts whole rows, reading a row into registers before
+ * writing it (the two overlap); cols <= 512, cols % 4 == 0 */
+static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int cols) {
+  int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < R; r += BT / 32) {
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) x[u] = *(const float4 *)(t + r * ld + 4 * lane + 128 * u);
+    __syncwarp();
+    __nv_bfloat162 *o = (__nv_bfloat162 *)(t + r * ld);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) {
+        int c2 = 2 * lane + 64 * u;
+        o[c2] = __floats2bfloat162_rn(x[u].x, x[u].y), o[c2 + 1] = __floats2bfloat162_rn(x[u].z, x[u].w);
+      }
+  }
+}
+template <bool PR>
+static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
+  constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
+  extern __shared__ __align__(16) float sm[];
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
+  float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
+  sbf *dO = (sbf *)(Gs + C * GS);
+  float *R3 = sep ? (float *)(dO + C * VB) : R1;
+  const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
+  const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
+  bool al = V % 4 == 0;
+  PH_INIT(3);
+  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
+  cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
+  cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
+  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  if (sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+  PH(0);
+  if (!sep) rows_dgn(p, w, cb, h, gS0, gdS);
+  cp_async_wait_all();
+  __syncthreads();
+  PH(1);
+  auto dq_out = [&](int i, int d, float x) {
+    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
+  };
+  auto dw_out = [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; };
+  auto dki_out = [&](int i, int d, float x) {
+    if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
+  };
+  /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
+   * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
+  auto b16 = [&](float *t) { return bt{(const sbf *)t, 2 * VS, 1}; };
+  if constexpr (!PR) {
+    if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* from the fp32 tiles, before they turn */
+    rows_to_bf16(R1, K16, VS, V16), rows_to_bf16(R2, C, VS, V16);
+    if (sep) rows_to_bf16(R3, K16, VS, V16);
+    __syncthreads();
+    /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
+    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, each4(dq_out));
+    PH(2);
+    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, each4(dw_out));
+    __syncthreads();                               /* dVn (and without sep S0) read by every warp */
+    if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    cp_async_wait_all();
+    __syncthreads();
+    rows_to_bf16(R2, C, VS, V16);
+    if (!sep) rows_to_bf16(R3, K16, VS, V16);
+    __syncthreads();
+    PH(3);
+    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, each4(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+  } else {
+    mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
+                dq_out);
+    PH(2);
+    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R1[d * VS + c]; },
+                dw_out);
+    __syncthreads();                               /* dVn (and without sep S0) read by every warp */
+    if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* while Vn streams in */
+    cp_async_wait_all();
+    __syncthreads();
+    PH(3);
+    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R3[d * VS + c]; },
+                dki_out);
+  }
+  PH(4);
+}
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
+  bwd_rows_tc<false>(p, dout, w, sep);
+}
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep) {
+  bwd_rows_tc<true>(p, dout, w, sep);
+}
+
+/* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
+ * Precision: only dA = s dO Vn^T runs in bf16 (dO is a bf16 input, exact). Everything that
+ * feeds dbeta runs in tf32 from fp32 tiles: dbeta_i = (M^T dU)_i . v_i + k_i . R_i (+ W terms)
+ * is the sum of two terms that cancel to D_i . U_i / b_i (U = M bV), and at strong decay
+ * (g = -1000 entries) |dbeta| << |D||v|, so the bf16 rounding of M, dVn, dW, b v, Kb in
+ * M^T dVn and in dM (whose errors do not cancel between the two terms: one went through bf16 M,
+ * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
+ * smem fp32: M [C][CS]; Vn, later dM and X: [C][max(2 CS, VS)] (a barrier between dA and dM);
+ *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB]; fp32 M^T
+ *      [C][CS] (the fast variant's; 201 KB in all at C = 64, K = V = 128).
+ * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
+size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both variants */
+  int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
+  return (size_t)(2 * C * (r16(V) + 8)) * 2 +
+         (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
+}
+template <bool PR>
+static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
+  extern __shared__ __align__(16) float sm[];
+  const int *ct = w.ctab + 4 * blockIdx.x;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
+  int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* the Vn / dM, X region */
+  float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = dM + U, *dWs = dVs + C * VS,
+        *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: dead before dM */
+  sbf *dO = (sbf *)(bs + C), *Vr = dO + C * VB;
+  float *MsT = (float *)(Vr + C * VB);             /* the fast variant's M^T (tf32-rounded) */
+  PH_INIT(4);
+  /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
+   * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
+   * k_intra_tc wrote it, raw bf16 dO and v. It used to convert vn and form Kb (three loads per
+   * element) with batched loads, ~50% of the kernel's time at K = V = 128. */
+  cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
+  cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
+  cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
+  cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
+  for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
+  cp_async_wait_all();
+  __syncthreads();
+  PH(0);
+  /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
+   * Kb are MMA operands only, so rounding them in place changes no result (the cvt per
+   * fragment load rounded the same way), and M^T as a tile of its own gives the three M^T
+   * products ldmatrix A fragments. dM and X are rounded where their epilogues write them. */
+  if constexpr (!PR) {
+    for (int e = threadIdx.x; e < C * C; e += BT) {
+      int i = e / C, j = e % C;
+      float x = tf32r(Ms[i * CS + j]);
+      Ms[i * CS + j] = x, MsT[j * CS + i] = x;
+    }
+    /* dVn, dW, Kb are contiguous [C][VS], [C][KS], [C][KS] tiles: round them whole (pads
+     * are zero), four floats at a time */
+    float4 *q4 = (float4 *)dVs;
+    for (int e = threadIdx.x; e < (C * VS + 2 * C * KS) / 4; e += BT) {
+      float4 x = q4[e];
+      q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
+    }
+    rows_to_bf16(VnF, C, VS, V16);                 /* Vn: the bf16 dA product's only use */
+    __syncthreads();
+  }
+  /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
+  auto da_out = [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; };
+  if constexpr (PR)
+    mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                      [&](int c, int j) { return VnF[j * VS + c]; }, da_out);
+  else
+    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, each4(da_out));
+  __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
+  PH(1);
+  /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
+  auto dm_a = [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; };
+  auto dm_out = [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
+  if constexpr (PR)
+    mma_blk<PT>(C, C, V16 + K16, dm_a,
+                [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; }, dm_out);
+  else   /* [dVn | dW] and Kb by ldmatrix, bV formed per load */
+    mma_tf2(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
+            tft{Kb, KS}, K16, each4(dm_out));
+  __syncthreads();
+  PH(2);
+  /* X = dM M^T (tf32: the dL chain stays close to fp32) */
+  if constexpr (PR)
+    mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
+                [&](int i, int j, float x) { X[i * CS + j] = x; });
+  else
+    mma_tf1(C, C, C, tft{dM, CS}, tft{Ms, CS}, [&](int i, int j, float x) { X[i * CS + j] = tf32r(x); });
+  __syncthreads();
+  PH(3);
+  /* dL = -strict-tril(M^T X) */
+  auto xb = [&](int m, int j) { return X[m * CS + j]; };
+  auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; };
+  if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
+  else mma_tf1(C, C, C, tft{MsT, CS}, xb, dl_out);
+  PH(4);
+  /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
+   * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
+  auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
+  auto dv_out = [&](int j, int c, float x) {
+    if (j < n && c < V) {
+      stb(dv, ROWI(j) * V + c, bs[j] * x);
+      w.dvn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
+    }
+  };
+  if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
+  else mma_tf1(C, V16, C, tft{MsT, CS}, dvb, dv_out);
+  PH(5);
+  /* dKb = M^T dW (tf32) */
+  auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
+  auto dkb_out = [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; };
+  if constexpr (PR) mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, dkb_out);
+  else mma_tf1(C, K16, C, tft{MsT, CS}, dwb, dkb_out);
+  __syncthreads();                                 /* global writes above visible to the block */
+  PH(6);
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int j = wp; j < n; j += BT / 32) {          /* dbeta_WY: fixed-order warp sums */
+    float acc = 0;
+    for (int64_t c = lane; c < V; c += 32) acc += w.dvn[ROWI(j) * V + c];
+    for (int64_t d = lane; d < K; d += 32) {
+      int64_t gi = ROWI(j) * K + d;
+      acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);
+    }
+    acc = kc_warp_sum(acc);
+    if (!lane) w.db[ROWI(j)] = acc;
+  }
+  PH(7);
+}
+__global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<false>(p, v, dout, dv, w);
+}
+__global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<true>(p, v, dout, dv, w);
+}
+
+/* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
+ * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C];
+ * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
+ * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads) */
+size_t smem_final_tc(int64_t C, int64_t K) {
+  int64_t KS = r16(K) + 4;
+  return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
+}
+/* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
+template <bool PR>
+static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
+                                                    const float *dt_bias, void *dg, void *dbeta, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
+  extern __shared__ __align__(16) float sm[];
+  __shared__ float red[32];
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  int n = ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
+  int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
+  float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
+        *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
+  /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
+   * first element, in 32-bit offsets (64-bit index products per element loaded the integer
+   * pipe, this kernel's busiest: ncu ALU 35.8%) */
+  const int RS = (int)(HV * K);
+  const int64_t g0 = ROWI(0) * K;
+  float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
+  PH_INIT(5);
+  {                                                 /* asynchronous staging, zero-filled */
+    bool al = K % 4 == 0;
+    cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
+    cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
+    /* pad rows repeat the last G: exponents <= 0 */
+    cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
+    cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
+    cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
+  }
+  for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  cp_async_wait_all();
+  __syncthreads();
+  PH(0);
+  {                                                 /* dGn with the inter-chunk dKi (before intra) */
+    /* rows split in 16-row groups, one thread per (group, column) (all the block's threads,
+     * 16 loads in flight each); the group sums go to X (free until the off-diagonal terms)
+     * and are added in group order */
+    int ng = (n + 15) / 16;
+    for (int e = tid; e < ng * (int)K; e += BT) {
+      int r0 = (e / (int)K) * 16, d = e % (int)K;
+      float x[16], acc = 0;
+#pragma unroll
+      for (int u = 0; u < 16; u++) x[u] = r0 + u < n ? dKig[(r0 + u) * RS + d] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 16; u++)
+        if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
+      X[(r0 / 16) * KS + d] = acc;
+    }
+    __syncthreads();
+    for (int d = tid; d < K; d += BT) {
+      float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
+      for (int gq = 0; gq < ng; gq++) acc += X[gq * KS + d];
+      dGn[d] = acc;
+    }
+  }
+  __syncthreads();                                  /* dKi read above before it is overwritten */
+  PH(1);
+  /* inter parts of dG (into the dG tile) fused with the diagonal blocks (exact exponent). A
+   * thread owns one column d of one 16-row block: G and k of its 16 rows in registers, each
+   * pair's e^{G_i - G_j} formed once and used twice, as row i's term (dq_intra, R) and as
+   * column j's (dk_col);
+   * dA, dL are broadcast loads. Sums run in the same order as one element at a time (j up for
+   * a row, i up for a column). It was a thread per element recomputing each pair's exponent
+   * for the row and for the column terms and reloading G, k per pair: 31% of the kernel. */
+  for (int e = tid; e < (C / 16) * (int)K; e += BT) {
+    int I0 = (e / (int)K) * 16, d = e % (int)K;
+    if (I0 >= n) continue;
+    float gr[16], kr[16], dqi[16], R[16], col[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      gr[i] = Gs[(I0 + i) * KS + d], kr[i] = ks[(I0 + i) * KS + d], dqi[i] = R[i] = col[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
+      const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dLs + (I0 + i) * CS + I0;
+      float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
+#pragma unroll
+      for (int j = 0; j <= i; j++) {
+        float E = __expf(gr[i] - gr[j]), kj = kr[j] * E, a = dAr[j];
+        dqi[i] += a * kj;
+        if (j < i) {
+          float l = dLr[j];
+          R[i] += l * kj;
+          col[j] += (a * qi + l * bki) * E;
+        } else
+          col[j] += (a * qi + 0.f) * E;
+      }
+    }
+#pragma unroll
+    for (int i0 = 0; i0 < 16; i0 += 4) {            /* 4 elements' global loads in flight */
+      float dkb[4], dki[4], dq0[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (I0 + i0 + u < n) {
+          int gi = (I0 + i0 + u) * RS + d;
+          dkb[u] = dKbg[gi], dki[u] = dKig[gi], dq0[u] = dQg[gi];
+        }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int i = i0 + u;
+        if (I0 + i >= n) break;
+        int gi = (I0 + i) * RS + d;
+        float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = __expf(Gs[(I0 + i) * KS + d]),
+              b = bs[I0 + i];                      /* reloaded: gr, kr die after the pair loop */
+        float dG0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
+        dQg[gi] = dq0[u] + dqi[i];
+        dKbg[gi] = R[i];
+        dKig[gi] = dKi0 + col[i];
+        dGs[(I0 + i) * KS + d] = dG0 + (q * dqi[i] - k * col[i]);
+      }
+    }
+  }
+  PH(2);
+  /* off-diagonal row terms: block I against columns j < r = 16 I, factored around row r */
+  for (int I = 1; I < C / 16 && 16 * I < n; I++) {
+    int r = 16 * I;
+    __syncthreads();
+    for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
+      int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
+      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+             gj = *(const float4 *)(Gs + j * KS + d);
+      *(float4 *)(X + j * KS + d) = make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
+                                                kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w));
+    }
+    __syncthreads();
+    PH(3);
+    /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
+     * loads first, then the updates (same arithmetic as one element at a time) */
+    mma_blk4<PT>(32, K16, r,
+                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dLs[(r + ii - 16) * CS + j]; },
+                 [&](int j, int d) { return X[j * KS + d]; },
+                 [&](int ii, int d0, float c0, float c1, float c2, float c3) {
+                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
+                   const epi4 e = epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; });
+                   const int *iv = e.r, *dv = e.d;
+                   const bool *ok = e.ok;
+                   int gi[4];
+#pragma unroll
+                   for (int u = 0; u < 4; u++) gi[u] = iv[u] * RS + dv[u];
+                   if (ii < 16) {
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) a[u] = dQg[gi[u]], b[u] = dGs[iv[u] * KS + dv[u]];
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) {
+                         float y = x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                         dQg[gi[u]] = a[u] + y, dGs[iv[u] * KS + dv[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
+                       }
+                   } else {
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) a[u] = dKbg[gi[u]];
+#pragma unroll
+                     for (int u = 0; u < 4; u++)
+                       if (ok[u]) dKbg[gi[u]] = a[u] + x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                   }
+                 });
+    PH(4);
+  }
+  /* off-diagonal column terms: block J against rows i > r' = 16 J + 15, factored around r' */
+  for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
+    int rp = 16 * J + 15, mrow = n - rp - 1, m16 = r16(mrow);
+    __syncthreads();
+    for (int e = tid; e < m16 * (K16 / 4); e += BT) {   /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
+      int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
+      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+      if (ii < mrow) {
+        float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
+               qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+        float b = bs[i];
+        float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+        x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
+        x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
+      }
+      *(float4 *)(X + ii * KS + d) = x0, *(float4 *)(X + (m16 + ii) * KS + d) = x1;
+    }
+    __syncthreads();
+    PH(5);
+    mma_blk4<PT>(16, K16, 2 * m16,
+                 [&](int jj, int k) {
+                   int j = 16 * J + jj;
+                   if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                   k -= m16;
+                   return k < mrow ? dLs[(rp + 1 + k) * CS + j] : 0.f;
+                 },
+                 [&](int k, int d) { return X[k * KS + d]; },
+                 [&](int jj, int d0, float c0, float c1, float c2, float c3) {
+                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
+                   const epi4 e = epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; });
+                   const int *jv = e.r, *dv = e.d;
+                   const bool *ok = e.ok;
+                   int gj[4];
+#pragma unroll
+                   for (int u = 0; u < 4; u++) gj[u] = jv[u] * RS + dv[u];
+#pragma unroll
+                   for (int u = 0; u < 4; u++)
+                     if (ok[u]) a[u] = dKig[gj[u]], b[u] = dGs[jv[u] * KS + dv[u]];
+#pragma unroll
+                   for (int u = 0; u < 4; u++)
+                     if (ok[u]) {
+                       float y = x[u] * __expf(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
+                       dKig[gj[u]] = a[u] + y, dGs[jv[u] * KS + dv[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
+                     }
+                 });
+    PH(6);
+  }
+  __syncthreads();
+  int lane = tid & 31, wp = tid >> 5;
+  for (int i = wp; i < n; i += BT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
+    float acc = 0, b = bs[i];
+    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
+      float R[4], dk[4], dw[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        int gi = i * RS + d;
+        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        if (d >= K) break;
+        int gi = i * RS + d;
+        float k = ks[i * KS + d];
+        dKig[gi] = dk[u] + b * R[u];
+        dGs[i * KS + d] = dw[u] + k * b * R[u];
+        acc += k * R[u];
+      }
+    }
+    acc = kc_warp_sum(acc);
+    if (!lane) dbi[i] = acc;
+  }
+  __syncthreads();
+  PH(7);
+  float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
+  for (int d = tid; d < K; d += BT)               /* reverse cumsum + gate chain (§2.1) */
+    w.gpart[((int64_t)cb * HV + h) * (K + 1) + d] =
+        gate_chain_col(p, [&](int r) { return dGs[r * KS + d]; }, g, dt_bias, A_log != NULL, dg, t0, h, n, d,
+                       dGn[d], ea, &dAl);
+  dAl = block_sum(dAl, red);
+  if (tid == 0) w.gpart[((int64_t)cb * HV + h) * (K + 1) + K] = dAl;
+  PH(8);
+  for (int r = tid; r < n; r += BT) {              /* beta chain (§2.2) */
+    float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
+    if (p.beta_mode) {
+      float s = sigm(x);
+      db *= (p.beta_mode == 2 ? 2.f : 1.f) * s * (1 - s);
+    }
+    stb(dbeta, ROWI(r), db);
+  }
+  PH(9);
+}
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
+                                                        const float *A_log, const float *dt_bias,
+                                                        void *dg, void *dbeta, ws w) {
+  bwd_final_tc<false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
+                                                          const float *A_log, const float *dt_bias,
+                                                          void *dg, void *dbeta, ws w) {
+  bwd_final_tc<true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
+
+#ifdef KDA_PHASES
+void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
+#endif
