@@ -344,14 +344,15 @@ int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
   return ws_layout(a, backward, nullptr, &w);
 }
 
-/* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias are sums of
- * dg over tokens (and key dims) whose terms cancel, so their relative error is dg's times a
- * cancellation ratio that depends on the data (1 to ~60 on H = 1 draws of the lower-bound gate);
- * with dg built from bf16/tf32 products (~3e-3) dA_log missed its 3e-3 tolerance by up to 20x.
- * The precise twins run every product that feeds dg in split tf32 (fp32-level error). Picked
- * when a gate with parameters (gate_mode 1, 2) asks for dA_log or ddt_bias; the pre-gated
- * backward (dg only, tolerance 0.02) keeps the bf16/tf32 kernels. KDA_KDA_PRECISE=1 / =0
- * forces it on / off (read per call: to measure its cost, or to test it on any case). */
+/* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias
+ * are sums of dg over tokens (and key dims) whose terms cancel, so their relative error is dg's
+ * times a cancellation ratio that depends on the data (1 to ~60 on H = 1 draws of the
+ * lower-bound gate); with dg built from bf16/tf32 products (~3e-3) dA_log missed its 3e-3
+ * tolerance by up to 20x. The precise twins run every product that feeds dg in split tf32
+ * (fp32-level error). Picked when a gate with parameters (gate_mode 1, 2) asks for dA_log or
+ * ddt_bias; the pre-gated backward (dg only, tolerance 0.02) keeps the bf16/tf32 kernels.
+ * KDA_KDA_PRECISE=1 / =0 forces it on / off (read per call: to measure its cost, or to test it
+ * on any case). */
 static int use_precise(const kda_kda_args *a, const float *dA_log, const float *ddt_bias) {
   const char *e = getenv("KDA_KDA_PRECISE");
   if (e && *e) return strcmp(e, "0") != 0;
