@@ -488,9 +488,16 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
  * are resident together and can share them through L2. It was a (n, h, V tile) grid, the V
  * tile slowest (at (8,2048,16,128) the first of two waves held V tiles 0-1 of every head, the
  * second 2-3). H200, one run: fwd+bwd 5.95 -> 5.92 ms from the grid alone, small as it is. */
-static __device__ __forceinline__ void st_block(const kp &p, int64_t *n, int64_t *h, int64_t *c0) {
-  int64_t nz = (p.V + BVT - 1) / BVT, b = blockIdx.x, nh = b / nz;
-  *c0 = (b % nz) * BVT, *h = nh % p.HV, *n = nh / p.HV;
+struct st_blk {
+  int64_t h, c0, sbase;   /* value head, first V column, offset of (n, h)'s K x V state */
+  int cf, cl;             /* the sequence's chunks [cf, cl) */
+};
+static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w) {
+  int64_t nz = (p.V + BVT - 1) / BVT, b = blockIdx.x, nh = b / nz, n = nh / p.HV;
+  st_blk s;
+  s.c0 = (b % nz) * BVT, s.h = nh % p.HV, s.sbase = nh * p.K * p.V;
+  s.cf = w.sfirst[n], s.cl = w.sfirst[n + 1];
+  return s;
 }
 
 /* e^{G_last} of a chunk for the update, loaded into registers early and stored into t.en late
@@ -529,13 +536,12 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
  * for them there: H200, (8,2048,16,128), that wait was 164k of the pass's 472k cycles a block. */
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  int64_t n, h, c0, V = p.V, HV = p.HV, K = p.K;
-  st_block(p, &n, &h, &c0);
+  const st_blk b = st_block(p, w);
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int cf = b.cf, cl = b.cl;
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
-  int64_t sbase = (n * HV + h) * K * V;
-  int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   PH_INIT(1);
-  st_ld(p, h0, sbase, c0, t);
+  st_ld(p, h0, b.sbase, c0, t);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A | SG_U);
   cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
@@ -568,7 +574,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     PH(3);
   }
   __syncthreads();
-  if (ht) st_st(p, ht, sbase, c0, t);
+  if (ht) st_st(p, ht, b.sbase, c0, t);
 }
 
 /* The forward sweep of the backward state pass: from h0, per chunk, store the state entering
@@ -578,17 +584,17 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
  * first). */
 template <bool PR, class T>
 static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, const st_tiles<T> &t,
-                                                    const float *h0, int64_t sbase, int64_t c0, int64_t h,
-                                                    int cf, int cl, void *o, int phk) {
+                                                    const float *h0, const st_blk &b, void *o, int phk) {
   constexpr int P = PR ? P_3TF32 : P_BF16;
-  int64_t K = p.K, V = p.V, HV = p.HV;
+  const int64_t K = p.K, V = p.V, HV = p.HV, h = b.h, c0 = b.c0;
+  const int cf = b.cf, cl = b.cl;
   /* cp.async groups as k_state_fwd_tc's: W (and U in the bf16 layout, where the fp32 Vn tile
    * is dead once Vn's shadow is formed) for the next chunk right after Vn; kg (and s qg, Aqk
    * for o) at the step's top, waited for after Vn; the fp32 layout's U (Vn is formed in place
    * and lives to the update) at the top in a group of its own, waited for before Vn */
   constexpr int UN = std::is_same<T, sbf>::value ? SG_U : 0;
   PH_IN(phk);
-  st_ld(p, h0, sbase, c0, t);
+  st_ld(p, h0, b.sbase, c0, t);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | UN);
   cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
@@ -634,19 +640,18 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
-  int64_t n, h, c0, K = p.K, V = p.V, HV = p.HV;
-  st_block(p, &n, &h, &c0);
+  const st_blk b = st_block(p, w);
+  const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int cf = b.cf, cl = b.cl;
   st_tiles<T> t = st_carve<T>(p, sm);
-  int64_t sbase = (n * HV + h) * K * V;
-  int cf = w.sfirst[n], cl = w.sfirst[n + 1];
   PH_INIT(2);
-  if (!kept) st_fwd_sweep<PR>(p, w, t, h0, sbase, c0, h, cf, cl, nullptr, 2);   /* kept: the forward's */
+  if (!kept) st_fwd_sweep<PR>(p, w, t, h0, b, nullptr, 2);   /* kept: the forward's */
   __syncthreads();
   PH_RESET();
   /* cp.async groups: dO at the step's top, waited for before dVn; s qg, W (read by the dS
    * update only) at the top too, waited for after dVn; Aqk, kg of the previous chunk once dVn
    * is formed; e^{G_last} through registers (as the forward sweeps) */
-  st_ld(p, dht, sbase, c0, t);                     /* t.S now holds dS (§4.2) */
+  st_ld(p, dht, b.sbase, c0, t);                   /* t.S now holds dS (§4.2) */
   if (cf < cl)
     st_stage(p, w, t, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, nullptr, SG_A | SG_KG);
   cp_async_commit();
@@ -698,7 +703,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     PH(5);
   }
   __syncthreads();
-  if (dh0) st_st(p, dh0, sbase, c0, t);
+  if (dh0) st_st(p, dh0, b.sbase, c0, t);
 }
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0, int kept) {
@@ -713,14 +718,12 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float 
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  int64_t n, h, c0;
-  st_block(p, &n, &h, &c0);
+  const st_blk b = st_block(p, w);
   st_tiles<float> t = st_carve<float>(p, sm);
-  int64_t sbase = (n * p.HV + h) * p.K * p.V;
   PH_INIT(1);
-  st_fwd_sweep<true>(p, w, t, h0, sbase, c0, h, w.sfirst[n], w.sfirst[n + 1], o, 1);
+  st_fwd_sweep<true>(p, w, t, h0, b, o, 1);
   __syncthreads();
-  if (ht) st_st(p, ht, sbase, c0, t);
+  if (ht) st_st(p, ht, b.sbase, b.c0, t);
 }
 
 /* ---- phase timers (KDA_PHASES builds; see kda_common.cuh) ---------------------------------- */
