@@ -352,18 +352,12 @@ int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
  * (fp32-level error). Picked when a gate with parameters (gate_mode 1, 2) asks for dA_log or
  * ddt_bias; the pre-gated backward (dg only, tolerance 0.02) keeps the bf16/tf32 kernels.
  * KDA_KDA_PRECISE=1 / =0 forces it on / off (read per call: to measure its cost, or to test it
- * on any case). */
-static int use_precise(const kda_kda_args *a, const float *dA_log, const float *ddt_bias) {
+ * on any case). gate_grads: dA_log or ddt_bias asked for (a kept forward assumes they will be,
+ * as the layer's backward asks: the precision it prepares for). */
+static int use_precise(const kda_kda_args *a, int gate_grads) {
   const char *e = getenv("KDA_KDA_PRECISE");
   if (e && *e) return strcmp(e, "0") != 0;
-  return a->gate_mode != 0 && (dA_log || ddt_bias);
-}
-/* the precision a kept forward prepares for: the backward a parameterised gate's layer asks
- * for (dA_log / ddt_bias wanted: use_precise's rule with both given), or KDA_KDA_PRECISE */
-static int keep_precise(const kda_kda_args *a) {
-  const char *e = getenv("KDA_KDA_PRECISE");
-  if (e && *e) return strcmp(e, "0") != 0;
-  return a->gate_mode != 0;
+  return a->gate_mode != 0 && gate_grads;
 }
 
 /* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit
@@ -463,9 +457,9 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   int tc = use_tc(a, 0, 0);
   /* keep: k_intra_tc also writes Kb, k_state_fwd_tc the per-chunk states and Vn (the backward's
    * fast path reads them instead of recomputing); only when that backward will run version 2.
-   * A backward that will be precise (keep_precise) gets the precise internals: k_intra_tc_p's
+   * A backward that will be precise (use_precise) gets the precise internals: k_intra_tc_p's
    * fp32 tiles and k_state_fwd_tc_p's 3xTF32 states (o from them, to fp32 level) */
-  int kp_ = a->keep && tc && keep_precise(a), pk = kp_ && use_tc(a, 1, 1);
+  int kp_ = a->keep && tc && use_precise(a, 1), pk = kp_ && use_tc(a, 1, 1);
   if (!(a->keep && tc && (kp_ ? pk : use_tc(a, 1, 0)))) w.Kb = w.h = w.vn = nullptr;
   if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
   if (pk) {
@@ -506,11 +500,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
   int64_t NTu = n_chunks_max(a);
-  int prec = use_precise(a, dA_log, ddt_bias);
+  int prec = use_precise(a, dA_log || ddt_bias);
   int tc = use_tc(a, 1, prec);
   /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace,
-   * of the precision this backward runs at (keep_precise == prec), else recompute */
-  int kept = a->keep && tc && keep_precise(a) == prec;
+   * of the precision this backward runs at (what use_precise(a, 1) prepared), else recompute */
+  int kept = a->keep && tc && use_precise(a, 1) == prec;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
