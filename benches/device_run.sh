@@ -19,6 +19,11 @@
 #   kda_ab    the KDA kernels, baseline (.devbuild/bundle_b.tar.xz: benches/kda_baseline.sh REV) against
 #             the bundle's: the new test (KDA_AB_ENV applied), then kda_bench alternating A B A B,
 #             the new side's precise backward and its phase timers at KDA_BENCH_SHAPE=0; one log
+#   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
+#             KDA_MULTI="main combo intra@KDA_KDA_INTRA_COMPACT=0 ..." (NAME[@ENV=V,...]); each
+#             named TESTS="main combo" runs its full test; then kda_bench in ROUNDS (2) rounds
+#             alternating over all; RACE="NAME:case|..." racecheck filters; HYBRID="main combo"
+#             the hybrid S 64x512 step with each one's kda (WITH_KDA=1); phases of the last
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -122,6 +127,29 @@ if [ "$MODE" = kda_ab ]; then   # env for the new side only: KDA_AB_ENV="KDA_KDA
     echo "== B phases (8,2048,16,128)"; env ${KDA_AB_ENV:-} KDA_BENCH_SHAPE=0 timeout 90 "$K/bin/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
   } >> "$OUT/kda_ab.log" 2>&1
   cat "$OUT/kda_ab.log"
+fi
+
+if [ "$MODE" = kda_multi ]; then
+  bin() { echo "/tmp/kda_${1%%@*}/bin"; }                      # NAME[@ENV] -> its unpacked bin folder
+  envof() { case "$1" in *@*) echo "${1#*@}" | tr ',' ' ';; esac; }
+  for e in ${KDA_MULTI:?}; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
+    mkdir -p /tmp/kda_$n && tar -xJf .devbuild/kda_$n.tar.xz -C /tmp/kda_$n; echo "$n = $(cat /tmp/kda_$n/bin/REVISION)"; done | tee "$OUT/kda_multi.log"
+  { for n in ${TESTS:-}; do echo "== test $n"; timeout 150 "$(bin $n)/test_kda_cuda" > "$OUT/kda_test_$n.log" 2>&1; echo "rc=$?"
+      grep -E "^FAIL|passed, " "$OUT/kda_test_$n.log" | head -12; done
+    IFS='|' read -r -a races <<< "${RACE:-}"
+    for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
+      timeout 90 compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
+      echo "racecheck $n '$c' rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
+      grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
+    for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
+      echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\("; done; done
+    for e in $KDA_MULTI; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
+    for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
+      timeout 120 "$(bin $n)/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
+    last=$(echo $KDA_MULTI | awk '{print $NF}')
+    echo "== $last phases (8,2048,16,128)"; env $(envof "$last") KDA_BENCH_SHAPE=0 timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
+  } >> "$OUT/kda_multi.log" 2>&1
+  cat "$OUT/kda_multi.log"
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
