@@ -21,7 +21,7 @@
 #             the new side's precise backward and its phase timers at KDA_BENCH_SHAPE=0; one log
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
 #             KDA_MULTI="main combo intra@KDA_KDA_INTRA_COMPACT=0 ..." (NAME[@ENV=V,...]); each
-#             named TESTS="main combo" runs its full test; then kda_bench in ROUNDS (2) rounds
+#             named TESTS="main combo@ENV=V" runs its full test; then kda_bench in ROUNDS (2) rounds
 #             alternating over all; RACE="NAME:case|..." racecheck filters; HYBRID="main combo"
 #             the hybrid S 64x512 step with each one's kda (WITH_KDA=1); phases of the last
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
@@ -134,8 +134,9 @@ if [ "$MODE" = kda_multi ]; then
   envof() { case "$1" in *@*) echo "${1#*@}" | tr ',' ' ';; esac; }
   for e in ${KDA_MULTI:?}; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
     mkdir -p /tmp/kda_$n && tar -xJf .devbuild/kda_$n.tar.xz -C /tmp/kda_$n; echo "$n = $(cat /tmp/kda_$n/bin/REVISION)"; done | tee "$OUT/kda_multi.log"
-  { for n in ${TESTS:-}; do echo "== test $n"; timeout 150 "$(bin $n)/test_kda_cuda" > "$OUT/kda_test_$n.log" 2>&1; echo "rc=$?"
-      grep -E "^FAIL|passed, " "$OUT/kda_test_$n.log" | head -12; done
+  { i=0; for n in ${TESTS:-}; do i=$((i+1)); echo "== test $n"
+      env $(envof "$n") timeout 150 "$(bin "$n")/test_kda_cuda" > "$OUT/kda_test_$i.log" 2>&1; echo "rc=$?"
+      grep -E "^FAIL|passed, " "$OUT/kda_test_$i.log" | head -12; done
     IFS='|' read -r -a races <<< "${RACE:-}"
     for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
       timeout 90 compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
