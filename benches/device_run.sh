@@ -22,7 +22,7 @@
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
 #             KDA_MULTI="main combo intra@KDA_KDA_INTRA_COMPACT=0 ..." (NAME[@ENV=V,...]); each
 #             named TESTS="main combo@ENV=V" runs its full test; then kda_bench in ROUNDS (2) rounds
-#             alternating over all; RACE="NAME:case|..." racecheck filters; HYBRID="main combo"
+#             alternating over all; the precise backward of PRECISE (default all); RACE="NAME:case|..." racecheck filters; HYBRID="main combo"
 #             the hybrid S 64x512 step with each one's kda (WITH_KDA=1); phases of the last
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
@@ -144,7 +144,7 @@ if [ "$MODE" = kda_multi ]; then
       grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
       echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\("; done; done
-    for e in $KDA_MULTI; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
+    for e in ${PRECISE:-$KDA_MULTI}; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
     for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
       timeout 120 "$(bin $n)/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
