@@ -192,6 +192,7 @@ void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc
 extern "C" void kda_phase_report(const char *title);   /* prints and resets; no-op unless KDA_PHASES */
 size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
+size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);

@@ -374,6 +374,19 @@ static int smem_optin_limit(void) {
   }
   return lim;
 }
+/* shared memory an SM gives its blocks' dynamic allocations (less the per-block reserve of
+ * one block, counted per block by the caller's 2 * size test: conservative), 0 when unknown */
+static size_t smem_per_sm(void) {
+  int dev, sm, rsv = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (cudaDeviceGetAttribute(&rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess)
+    cudaGetLastError(), rsv = 1024;
+  return sm > 2 * rsv ? (size_t)(sm - 2 * rsv) : 0;
+}
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
@@ -410,12 +423,22 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   else k_rows<<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
-    /* vt: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others */
+    /* vt = 1: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others;
+     * vt = 2: the compact layout, when it lets two blocks share an SM and the others do not
+     * (small heads: smem_intra_tc_compact; KDA_KDA_INTRA_COMPACT=0 turns it off) */
     size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
-    int vt = smv <= (size_t)smem_optin_limit() && a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
+    int al = a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
+    int vt = smv <= (size_t)smem_optin_limit() && al;
     if (vt) sm = smv;
+    size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V), per_sm = smem_per_sm();
+    const char *ce = getenv("KDA_KDA_INTRA_COMPACT");
+    if (smc && al && 2 * smc <= per_sm && 2 * sm > per_sm && !(ce && strcmp(ce, "0") == 0))
+      vt = 2, sm = smc;
     auto kern = prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
+    if (vt == 2)   /* two blocks an SM need the largest shared-memory carveout */
+      CUDA_OK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared), op);
     kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NTC, sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;

@@ -28,6 +28,16 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V) {
 }
 /* the raw v tile (bf16 [C][r16(V)+8]) after the rest, when it fits (vt = 1, V % 8 == 0) */
 size_t smem_intra_vtile(int64_t C, int64_t V) { return (size_t)C * (r16(V) + 8) * 2; }
+/* The compact layout (vt = 2) for small heads, so that two blocks share an SM: M lives in the
+ * X region (free once the factored products are done; C <= r16(K)), the inverse's scratch in
+ * Y, and the raw v tile in L's region, copied once L is inverted (r16(V) <= 2C): no M region,
+ * no v tile after the rest. K = V = 64, chunk 64: 110.8 KB instead of 130.8 + 9.2 KB.
+ * 0 when it does not apply. */
+size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V) {
+  if (C > r16(K) || r16(V) > 2 * C || V % 8) return 0;
+  int64_t KS = r16(K) + 4, CS = C + 4;
+  return (size_t)((2 * C + 32) * KS + 2 * C * KS + 2 * C * CS + C) * 4;
+}
 
 /* G[r][d] <- sum_{r' <= r, r' < n} G[r'][d] for r < C (pad rows repeat the last value, so that
  * every factor exponent stays <= 0), handing out(r, d, G) the rows r < n, columns d < K.
@@ -129,14 +139,15 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
-  int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
+  const bool cm = vt == 2;                         /* the compact layout (smem_intra_tc_compact) */
+  int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS || cm ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
   float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
-  float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS, *Ms = Ls + C * CS,
-        *bs = Ms + C * CS;
+  float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS;
+  float *Ms = cm ? X : Ls + C * CS, *bs = cm ? Ls + C * CS : Ms + C * CS;
   /* vt: the raw v tile, copied with q, k, G (its loads used to wait, 8 per thread at a time, in
    * a phase of their own after the substitution: ~30% of the kernel's time at K = V = 128) */
   int VB = V16 + 8;
-  sbf *vr = (sbf *)(bs + C);
+  sbf *vr = cm ? (sbf *)Ls : (sbf *)(bs + C);
   int tid = threadIdx.x;
   PH_INIT(0);
   {                                                /* q, k, G (and v): asynchronous copies, zero-padded */
@@ -144,14 +155,17 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
     cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
     cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
-    if (vt)
+    if (vt == 1)
       for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
         bool ok = r < n && c < V;
         cp_async16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
       }
   }
-  for (int e = tid; e < C * CS; e += BT) As[e] = 0.f, Ls[e] = 0.f, Ms[e] = 0.f;
+  for (int e = tid; e < C * CS; e += BT) {
+    As[e] = 0.f, Ls[e] = 0.f;
+    if (!cm) Ms[e] = 0.f;                          /* cm: M's region holds X until the inverse */
+  }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
   __syncthreads();
@@ -235,7 +249,17 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   PH(4);
   __syncthreads();
-  tril_inverse(Ls, Ms, CS, C, X);                  /* M = (I + L)^-1 (fp32); X is free now */
+  if (cm) {                                        /* M in the X region, which held operands */
+    for (int e = tid; e < C * CS; e += BT) Ms[e] = 0.f;
+    __syncthreads();
+  }
+  tril_inverse(Ls, Ms, CS, C, cm ? Y : X);         /* M = (I + L)^-1 (fp32); X (Y) is free now */
+  if (cm)                                          /* L is dead: the raw v tile in its place */
+    for (int e = tid; e < C * (V16 / 8); e += BT) {
+      int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
+      bool ok = r < n && c < V;
+      cp_async16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
+    }
   PH(5);
   /* Aqk (bf16, for the state passes) and M (fp32, for k_bwd_mat_tc). The state passes used to
    * stage fp32 W, qg, kg, Aqk and round them to bf16 on every chunk step; they are written
@@ -284,6 +308,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       int r = e / V16, c = e % V16;
       return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
     }, [&](int e, float x) { Vb[(e / V16) * VS + e % V16] = x; });
+  if (cm) cp_async_wait_all();                     /* the v tile, copied after the inverse */
   __syncthreads();
   PH(7);
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
