@@ -28,8 +28,11 @@
  * is in kda_common.cuh. */
 #include "kda_common.cuh"
 
-/* carve the workspace; returns bytes used (base may be NULL to just count) */
-static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w) {
+/* carve the workspace; returns bytes used (base may be NULL to just count). The backward's
+ * layout starts with everything a kept forward writes and its backward reads (*keep_end, when
+ * asked: kda_kda_cuda_keep_bytes); past it, scratch the backward writes before it reads. */
+static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
+                         int64_t *keep_end = nullptr) {
   int64_t TH = a->B * a->T * a->HV, K = a->K, V = a->V, C = a->chunk, NTu = n_chunks_max(a);
   int64_t off = 0;
   auto take = [&](int64_t bytes) -> char * {
@@ -50,13 +53,16 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w)
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
   w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
   if (backward) {
-    w->vn = (float *)take(TH * V * 4), w->dvn = (float *)take(TH * V * 4);
-    w->Kb = (float *)take(TH * K * 4);
+    /* what a kept forward also writes (keep_bytes ends here), then the backward's scratch */
+    w->vn = (float *)take(TH * V * 4), w->Kb = (float *)take(TH * K * 4);
+    w->h = (float *)take(NTu * a->HV * K * V * 4);
+    if (keep_end) *keep_end = off;
+    w->dvn = (float *)take(TH * V * 4);
     w->dQ = (float *)take(TH * K * 4), w->dKi = (float *)take(TH * K * 4);
     w->dW = (float *)take(TH * K * 4), w->dKb = (float *)take(TH * K * 4);
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
     w->db = (float *)take(TH * 4);
-    w->h = (float *)take(NTu * a->HV * K * V * 4), w->dh = (float *)take(NTu * a->HV * K * V * 4);
+    w->dh = (float *)take(NTu * a->HV * K * V * 4);
     w->dgn = (float *)take(NTu * a->HV * K * 4);
     w->gpart = (float *)take(NTu * a->HV * (K + 1) * 4);
   }
@@ -342,6 +348,12 @@ static int check_common(const kda_kda_args *a, const char *op) {
 int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
   ws w;
   return ws_layout(a, backward, nullptr, &w);
+}
+int64_t kda_kda_cuda_keep_bytes(const kda_kda_args *a) {
+  ws w;
+  int64_t end = 0;
+  ws_layout(a, 1, nullptr, &w, &end);
+  return end;
 }
 
 /* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias

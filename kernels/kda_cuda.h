@@ -21,6 +21,11 @@ extern "C" {
 
 /* Bytes of scratch the forward (backward = 0) or backward (backward = 1) needs. */
 int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward);
+/* With keep (below): the first kda_kda_cuda_keep_bytes(a) bytes of the backward-sized
+ * workspace are what the kept forward leaves for its backward; the forward writes nothing past
+ * them, and the backward writes the rest before reading it, so between the two calls that rest
+ * may hold anything (e.g. another layer's kept bytes: the CUDA backend overlaps them). */
+int64_t kda_kda_cuda_keep_bytes(const kda_kda_args *a);
 
 /* Chunked forward. h0, ht may be NULL; dt_bias may be NULL; A_log needed by gate_mode 1. */
 int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const void *k, const void *v,

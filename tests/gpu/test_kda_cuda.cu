@@ -242,7 +242,9 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     }
     verdict(name, it);
     /* keep: a forward that keeps its internals (on a poisoned workspace, so nothing of the run
-     * above survives) and two backwards that reuse them give the same bytes as recomputing */
+     * above survives) and two backwards that reuse them give the same bytes as recomputing;
+     * the workspace past kda_kda_cuda_keep_bytes is poisoned again before each backward (the
+     * backend lets another layer's kept bytes live there in between) */
     std::vector<std::pair<void *, size_t>> outs = {{od, p.nv * 2}, {htd, p.ns * 4}, {dqd, p.nq * 2},
         {dkd, p.nq * 2}, {dvd, p.nv * 2}, {dgd, p.ng * 2}, {dbd, p.nb * 2}, {dAd, a.HV * 4},
         {ddtd, a.HV * a.K * 4}, {dh0d, p.ns * 4}};
@@ -256,9 +258,12 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     kda_kda_args ak = a;
     ak.keep = 1;
     rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
-    for (int rep = 0; rep < 2 && !rc; rep++)
+    int64_t kb = kda_kda_cuda_keep_bytes(&ak);
+    for (int rep = 0; rep < 2 && !rc; rep++) {
+      CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
       rc = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd,
                                  dbd, dAd, ddtd, dh0d, wsd, wsb, nullptr);
+    }
     CK(cudaDeviceSynchronize());
     /* a kept forward that prepares the precise backward (a parameterised gate, or
      * KDA_KDA_PRECISE=1; version 2) computes o, ht from the precise tiles: those two are held
