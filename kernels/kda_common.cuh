@@ -200,6 +200,8 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
+__global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt);
+__global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,

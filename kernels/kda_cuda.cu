@@ -372,6 +372,17 @@ static int use_precise(const kda_kda_args *a, int gate_grads) {
   return a->gate_mode != 0 && gate_grads;
 }
 
+/* threads a block for the chunk kernel `name` (intra, rows, mat, final): `dflt` unless
+ * KDA_KDA_THREADS names it, e.g. "rows=256/final=256" (for measuring: the kernels take their
+ * block size from blockDim, any multiple of 32 from 128 up to NTC runs them) */
+static int chunk_threads(const char *name, int dflt) {
+  const char *e = getenv("KDA_KDA_THREADS"), *at = e ? strstr(e, name) : NULL;
+  size_t len = strlen(name);
+  if (!at || at[len] != '=') return dflt;
+  int t = atoi(at + len + 1);
+  return t >= 128 && t <= NTC && t % 32 == 0 ? t : dflt;
+}
+
 /* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit
  * in the device's shared memory (e.g. K = 256 at chunk 64, or V = 256 with K = 128 in the
  * backward): then version 1 runs the whole call. Read per call, so a test can flip it.
@@ -446,12 +457,12 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     const char *ce = getenv("KDA_KDA_INTRA_COMPACT");
     if (smc && al && 2 * smc <= per_sm && 2 * sm > per_sm && !(ce && strcmp(ce, "0") == 0))
       vt = 2, sm = smc;
-    auto kern = prec ? k_intra_tc_p : k_intra_tc;
+    auto kern = vt == 2 ? (prec ? k_intra_tc_p_cm : k_intra_tc_cm) : prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2)   /* two blocks an SM need the largest shared-memory carveout */
       CUDA_OK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    cudaSharedmemCarveoutMaxShared), op);
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), NTC, sm, st>>>(p, v, w, vt);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -560,17 +571,22 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
     auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-    krw<<<gc, NTC, sm, st>>>(p, dout, w, sep);
+    /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
+     * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
+     * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
+     * block an SM by its tiles, 256 threads lost 2.3% */
+    int rt = chunk_threads("rows", !prec && 2 * sm <= smem_per_sm() ? 256 : NTC);
+    krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
-    kmt<<<gc, NTC, sm, st>>>(p, v, dout, dv, w);
+    kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     auto kfn = prec ? k_bwd_final_tc_p : k_bwd_final_tc;
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
-    kfn<<<gc, NTC, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    kfn<<<gc, chunk_threads("final", NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

@@ -130,7 +130,7 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-template <bool PR>
+template <bool PR, bool CM>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
@@ -139,7 +139,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
-  const bool cm = vt == 2;                         /* the compact layout (smem_intra_tc_compact) */
+  /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation: its
+   * branches in the wide kernel cost that one 1.3% at (8,2048,16,128) (fwd 1.756 -> 1.785 ms) */
+  constexpr bool cm = CM;
   int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS || cm ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
   float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
   float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS;
@@ -331,8 +333,10 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   else mma_tf1(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, uout);
   PH(9);
 }
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false, false>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true, false>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt) { intra_tc<false, true>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt) { intra_tc<true, true>(p, v, w, vt); }
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
 /* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
