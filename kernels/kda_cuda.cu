@@ -332,6 +332,12 @@ static int smem_opt_in(const void *fn, size_t bytes, const kda_kda_args *a, cons
   return 0;
 }
 
+/* two blocks an SM (a compact layout) need the largest shared-memory carveout */
+static int carveout_max(const void *fn, const kda_kda_args *a, const char *op) {
+  CUDA_OK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), op);
+  return 0;
+}
+
 static int check_common(const kda_kda_args *a, const char *op) {
   if (kda_kda_check_args(a, 0, op)) return -1;
   if (a->chunk != 16 && a->chunk != 32 && a->chunk != 64)
@@ -410,6 +416,15 @@ static size_t smem_per_sm(void) {
     cudaGetLastError(), rsv = 1024;
   return sm > 2 * rsv ? (size_t)(sm - 2 * rsv) : 0;
 }
+/* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
+ * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
+ * not; KDA_KDA_COMPACT=0 turns them all off (read per call: the test's fourth path). Measured
+ * on the H200, k_intra_tc's: fwd (32,512,4,64) 0.278 -> 0.220 ms */
+static int use_compact(size_t wide, size_t compact) {
+  const char *e = getenv("KDA_KDA_COMPACT");
+  size_t per_sm = smem_per_sm();
+  return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
+}
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
@@ -447,21 +462,16 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
     /* vt = 1: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others;
-     * vt = 2: the compact layout, when it lets two blocks share an SM and the others do not
-     * (small heads: smem_intra_tc_compact; KDA_KDA_INTRA_COMPACT=0 turns it off) */
+     * vt = 2: the compact layout (small heads: smem_intra_tc_compact, use_compact) */
     size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
     int al = a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
     int vt = smv <= (size_t)smem_optin_limit() && al;
     if (vt) sm = smv;
-    size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V), per_sm = smem_per_sm();
-    const char *ce = getenv("KDA_KDA_INTRA_COMPACT");
-    if (smc && al && 2 * smc <= per_sm && 2 * sm > per_sm && !(ce && strcmp(ce, "0") == 0))
-      vt = 2, sm = smc;
+    size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V);
+    if (al && use_compact(sm, smc)) vt = 2, sm = smc;
     auto kern = vt == 2 ? (prec ? k_intra_tc_p_cm : k_intra_tc_cm) : prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
-    if (vt == 2)   /* two blocks an SM need the largest shared-memory carveout */
-      CUDA_OK(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared), op);
+    if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
@@ -579,8 +589,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
-    auto kmt = prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
+    size_t smc = prec ? 0 : smem_mat_tc_compact(a->chunk, a->K, a->V);
+    int mcm = use_compact(sm, smc);
+    if (mcm) sm = smc;
+    auto kmt = prec ? k_bwd_mat_tc_p : mcm ? k_bwd_mat_tc_cm : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
+    if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);

@@ -193,8 +193,18 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both v
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
          (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
-template <bool PR>
+/* The compact layout (CM, the fast variant) for small heads, so that two blocks share an SM:
+ * X = dM M^T in Kb's tile (dead after dM; C <= r16(K)), M^T built in the dM region once X is
+ * formed (M^T's products, dL, dv, dKb, come after), so no M^T tile nor second dM/X half.
+ * K = V = 64, chunk 64: 105.7 KB instead of 140.5 KB. 0 when it does not apply. */
+size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
+  if (C > r16(K)) return 0;
+  int64_t CS = C + 4, VS = r16(V) + 4, KS = r16(K) + 4, r1 = C * (VS > CS ? VS : CS);
+  return (size_t)(2 * C * (r16(V) + 8)) * 2 + (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C) * 4;
+}
+template <bool PR, bool CM>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  static_assert(!(PR && CM), "the compact layout is the fast variant's");
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -203,10 +213,12 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
   int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* the Vn / dM, X region */
+  if (CM) U = VS > CS ? C * VS : C * CS;           /* CM: Vn / dM, then M^T */
   float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = dM + U, *dWs = dVs + C * VS,
         *Kb = dWs + C * KS, *bs = Kb + C * KS, *VnF = dM;   /* VnF: dead before dM */
   sbf *dO = (sbf *)(bs + C), *Vr = dO + C * VB;
   float *MsT = (float *)(Vr + C * VB);             /* the fast variant's M^T (tf32-rounded) */
+  if (CM) X = Kb, MsT = dM;                        /* Kb is dead once dM is formed, dM once X is */
   PH_INIT(4);
   /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
    * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
@@ -231,7 +243,8 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     for (int e = threadIdx.x; e < C * C; e += BT) {
       int i = e / C, j = e % C;
       float x = tf32r(Ms[i * CS + j]);
-      Ms[i * CS + j] = x, MsT[j * CS + i] = x;
+      Ms[i * CS + j] = x;
+      if (!CM) MsT[j * CS + i] = x;                /* CM: after X, in dM's place */
     }
     /* dVn, dW, Kb are contiguous [C][VS], [C][KS], [C][KS] tiles: round them whole (pads
      * are zero), four floats at a time */
@@ -270,6 +283,10 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   else
     mma_tf1(C, C, C, tft{dM, CS}, tft{Ms, CS}, [&](int i, int j, float x) { X[i * CS + j] = tf32r(x); });
   __syncthreads();
+  if constexpr (CM) {                              /* dM is dead: M^T in its place */
+    for (int e = threadIdx.x; e < C * C; e += BT) MsT[(e % C) * CS + e / C] = Ms[e / C * CS + e % C];
+    __syncthreads();
+  }
   PH(3);
   /* dL = -strict-tril(M^T X) */
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
@@ -310,10 +327,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   PH(7);
 }
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<false>(p, v, dout, dv, w);
+  bwd_mat_tc<false, false>(p, v, dout, dv, w);
 }
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<true>(p, v, dout, dv, w);
+  bwd_mat_tc<true, false>(p, v, dout, dv, w);
+}
+__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_cm(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<false, true>(p, v, dout, dv, w);
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
