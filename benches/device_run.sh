@@ -22,7 +22,7 @@
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
 #             KDA_MULTI="main combo intra@KDA_KDA_INTRA_COMPACT=0 ..." (NAME[@ENV=V,...]); each
 #             named TESTS="main combo@ENV=V" runs its full test; then kda_bench in ROUNDS (2) rounds
-#             alternating over all; the precise backward of PRECISE (default all); RACE="NAME:case|..." racecheck filters; HYBRID="main combo"
+#             alternating over all; the precise backward of PRECISE (default all); RACE="NAME[@ENV]:case|..." racecheck filters; HYBRID="main combo"
 #             the hybrid S 64x512 step with each one's kda (WITH_KDA=1); phases of the last
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
@@ -139,7 +139,7 @@ if [ "$MODE" = kda_multi ]; then
       grep -E "^FAIL|passed, " "$OUT/kda_test_$i.log" | head -12; done
     IFS='|' read -r -a races <<< "${RACE:-}"
     for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
-      timeout 90 compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
+      env $(envof "$n") timeout 90 compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
       echo "racecheck $n '$c' rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
       grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do

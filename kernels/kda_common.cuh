@@ -199,6 +199,7 @@ size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
+size_t smem_final_tc_compact(int64_t C, int64_t K);
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt);
@@ -220,4 +221,10 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, co
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
                                                           const float *A_log, const float *dt_bias,
                                                           void *dg, void *dbeta, ws w);
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_cm(kp p, const void *g, const void *beta,
+                                                           const float *A_log, const float *dt_bias,
+                                                           void *dg, void *dbeta, ws w);
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p_cm(kp p, const void *g, const void *beta,
+                                                             const float *A_log, const float *dt_bias,
+                                                             void *dg, void *dbeta, ws w);
 #endif

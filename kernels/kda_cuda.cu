@@ -598,9 +598,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
-    auto kfn = prec ? k_bwd_final_tc_p : k_bwd_final_tc;
+    int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
+    if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
+    auto kfn = fcm ? (prec ? k_bwd_final_tc_p_cm : k_bwd_final_tc_cm) : prec ? k_bwd_final_tc_p : k_bwd_final_tc;
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
-    kfn<<<gc, chunk_threads("final", NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
+    /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
+    kfn<<<gc, chunk_threads("final", fcm ? 256 : NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

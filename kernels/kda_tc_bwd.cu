@@ -344,8 +344,13 @@ size_t smem_final_tc(int64_t C, int64_t K) {
   int64_t KS = r16(K) + 4;
   return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
 }
+/* The compact layout (CM) for small heads: dA (lower triangle and diagonal) and dL (strictly
+ * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries fill
+ * columns C-i .. C-1 exactly). K = 64, chunk 64: 114.0 KB instead of 131.5, two blocks an SM at
+ * 256 threads (128 registers). */
+size_t smem_final_tc_compact(int64_t C, int64_t K) { return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4; }
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
-template <bool PR>
+template <bool PR, bool CM>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
                                                     const float *dt_bias, void *dg, void *dbeta, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
@@ -357,7 +362,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
-        *dLs = dAs + C * CS, *bs = dLs + C * CS, *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
+        *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS), *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
+  /* dL[i][j] (j < i): CM, in dA's tile (smem_final_tc_compact) */
+  auto dl_at = [&](int i, int j) { return CM ? dAs[(C - 1 - i) * CS + C - i + j] : dLs[i * CS + j]; };
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
@@ -371,8 +378,16 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
     /* pad rows repeat the last G: exponents <= 0 */
     cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
-    cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
-    cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
+    if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
+      for (int e = tid; e < C * C; e += BT) {
+        int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
+        bool ok = i < n;
+        cp_async4(dAs + r * CS + c, ok ? (c <= r ? w.dA + ROWI(r) * C + c : w.dL + ROWI(i) * C + c - r - 1) : w.dA, ok);
+      }
+    else {
+      cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
+      cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
+    }
   }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
@@ -419,7 +434,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 #pragma unroll
     for (int i = 0; i < 16; i++) {
       if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
-      const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dLs + (I0 + i) * CS + I0;
+      const float *dAr = dAs + (I0 + i) * CS + I0,   /* dLr[j] = dL[I0 + i][I0 + j] */
+                  *dLr = CM ? dAs + (C - 1 - I0 - i) * CS + C - i : dLs + (I0 + i) * CS + I0;
       float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
 #pragma unroll
       for (int j = 0; j <= i; j++) {
@@ -474,7 +490,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
      * loads first, then the updates (same arithmetic as one element at a time) */
     mma_blk4<PT>(32, K16, r,
-                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dLs[(r + ii - 16) * CS + j]; },
+                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_at(r + ii - 16, j); },
                  [&](int j, int d) { return X[j * KS + d]; },
                  [&](int ii, int d0, float c0, float c1, float c2, float c3) {
                    float x[4] = {c0, c1, c2, c3}, a[4], b[4];
@@ -529,7 +545,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                    int j = 16 * J + jj;
                    if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
                    k -= m16;
-                   return k < mrow ? dLs[(rp + 1 + k) * CS + j] : 0.f;
+                   return k < mrow ? dl_at(rp + 1 + k, j) : 0.f;
                  },
                  [&](int k, int d) { return X[k * KS + d]; },
                  [&](int jj, int d0, float c0, float c1, float c2, float c3) {
@@ -601,12 +617,22 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, ws w) {
-  bwd_final_tc<false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+  bwd_final_tc<false, false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
                                                           const float *A_log, const float *dt_bias,
                                                           void *dg, void *dbeta, ws w) {
-  bwd_final_tc<true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+  bwd_final_tc<true, false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_cm(kp p, const void *g, const void *beta,
+                                                           const float *A_log, const float *dt_bias,
+                                                           void *dg, void *dbeta, ws w) {
+  bwd_final_tc<false, true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+}
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p_cm(kp p, const void *g, const void *beta,
+                                                             const float *A_log, const float *dt_bias,
+                                                             void *dg, void *dbeta, ws w) {
+  bwd_final_tc<true, true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
 
 #ifdef KDA_PHASES
