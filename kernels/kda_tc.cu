@@ -139,8 +139,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
-  /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation: its
-   * branches in the wide kernel cost that one 1.3% at (8,2048,16,128) (fwd 1.756 -> 1.785 ms) */
+  /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation (the wide
+   * kernel's PTX stays what it was: with the layout chosen at run time it was 1.3-1.7% slower
+   * at (8,2048,16,128), fwd 1.756 -> 1.785 ms on the H200) */
   constexpr bool cm = CM;
   int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS || cm ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
   float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
@@ -157,7 +158,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
     cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
     cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
-    if (vt == 1)
+    if (!CM && vt)                                 /* CM: v is copied after the inverse */
       for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
         bool ok = r < n && c < V;
