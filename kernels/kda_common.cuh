@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, w
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_cm(kp p, const void *v, const void *dout, void *dv, ws w);
+__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_p_cm(kp p, const void *v, const void *dout, void *dv, ws w);
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
                                                         const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, ws w);

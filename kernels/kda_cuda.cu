@@ -589,10 +589,10 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
-    size_t smc = prec ? 0 : smem_mat_tc_compact(a->chunk, a->K, a->V);
+    size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
-    auto kmt = prec ? k_bwd_mat_tc_p : mcm ? k_bwd_mat_tc_cm : k_bwd_mat_tc;
+    auto kmt = mcm ? (prec ? k_bwd_mat_tc_p_cm : k_bwd_mat_tc_cm) : prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);

@@ -193,10 +193,11 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both v
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
          (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C) * 4;
 }
-/* The compact layout (CM, the fast variant) for small heads, so that two blocks share an SM:
- * X = dM M^T in Kb's tile (dead after dM; C <= r16(K)), M^T built in the dM region once X is
- * formed (M^T's products, dL, dv, dKb, come after), so no M^T tile nor second dM/X half.
- * K = V = 64, chunk 64: 105.7 KB instead of 140.5 KB. 0 when it does not apply. */
+/* The compact layout (CM) for small heads, so that two blocks share an SM:
+ * X = dM M^T in Kb's tile (dead after dM; C <= r16(K)), and the fast variant's M^T built in
+ * the dM region once X is formed (M^T's products, dL, dv, dKb, come after; the precise one
+ * reads M transposed), so no M^T tile nor second dM/X half. K = V = 64, chunk 64: 105.7 KB
+ * instead of 140.5 KB. 0 when it does not apply. */
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   if (C > r16(K)) return 0;
   int64_t CS = C + 4, VS = r16(V) + 4, KS = r16(K) + 4, r1 = C * (VS > CS ? VS : CS);
@@ -204,7 +205,6 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
 }
 template <bool PR, bool CM>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  static_assert(!(PR && CM), "the compact layout is the fast variant's");
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -283,7 +283,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   else
     mma_tf1(C, C, C, tft{dM, CS}, tft{Ms, CS}, [&](int i, int j, float x) { X[i * CS + j] = tf32r(x); });
   __syncthreads();
-  if constexpr (CM) {                              /* dM is dead: M^T in its place */
+  if constexpr (CM && !PR) {                       /* dM is dead: M^T in its place */
     for (int e = threadIdx.x; e < C * C; e += BT) MsT[(e % C) * CS + e / C] = Ms[e / C * CS + e % C];
     __syncthreads();
   }
@@ -334,6 +334,9 @@ __global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const
 }
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_cm(kp p, const void *v, const void *dout, void *dv, ws w) {
   bwd_mat_tc<false, true>(p, v, dout, dv, w);
+}
+__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_p_cm(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<true, true>(p, v, dout, dv, w);
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
