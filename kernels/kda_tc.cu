@@ -609,9 +609,8 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
 
 /* The forward sweep of the backward state pass: from h0, per chunk, store the state entering
  * it (w.h) and Vn (w.vn), then S <- e^{G_last} S + kg^T Vn. o != NULL (the precise forward
- * of a kept call, PR only) also forms o = [s qg | Aqk] [S ; Vn] from the fp32 tiles, in the
- * backward's 3xTF32 (fp32-level o). Ends with S = the final state (the caller's __syncthreads
- * first). */
+ * of a kept call, PR only) also forms o = [s qg | Aqk] [S ; Vn] from the fp32 tiles, in tf32.
+ * Ends with S = the final state (the caller's __syncthreads first). */
 template <bool PR, class T>
 static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, const st_tiles<T> &t,
                                                     const float *h0, const st_blk &b, void *o, int phk) {
@@ -649,8 +648,11 @@ static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, co
     cp_async_wait_group<1>();                      /* kg, qg, Aqk (the next W, U may fly) */
     __syncthreads();
     if constexpr (PR) {
-      if (o) {                                     /* o = [s qg | Aqk] [S ; Vn] before S moves on */
-        mma_blk<P>(p.C, BVT, t.K16 + p.C,
+      /* o = [s qg | Aqk] [S ; Vn] before S moves on, in tf32 (one MMA a k step, 3xTF32's three):
+       * o feeds no gradient (the backward reads S and Vn, kept at fp32 level), and the fast
+       * forward forms it from bf16 operands */
+      if (o) {
+        mma_blk<P_TF32>(p.C, BVT, t.K16 + p.C,
                    [&](int i, int k) { return k < t.K16 ? f(t.qg[i * t.KB + k]) : f(t.A[i * t.CB + k - t.K16]); },
                    [&](int k, int c) { return k < t.K16 ? t.S[k * t.SB + c] : t.Vn[(k - t.K16) * t.SB + c]; },
                    [&](int i, int c, float x) { if (i < m && c0 + c < V) stb(o, ((t0 + i) * HV + h) * V + c0 + c, x); });
