@@ -145,38 +145,47 @@ static __device__ __forceinline__ float4 ld4b(const void *p, int64_t i) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
-/* The same for K % 4 == 0, K <= 128 NJ and 8-byte aligned q, k, g: a lane holds 4 adjacent
+/* the sum over each aligned group of LW lanes (LW = 32: kc_warp_sum), fixed xor order */
+template <int LW>
+static __device__ __forceinline__ float lane_group_sum(float v) {
+  for (int o = LW / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* The same for K % 4 == 0, K <= 4 LW NJ and 8-byte aligned q, k, g: a lane holds 4 adjacent
  * columns of q, k, g (8-byte loads, each read once; the general form reads q, k twice, 2 bytes
- * a load) and stores float4s of qn, kn, G. Same arithmetic per element (the norms' sums in
- * another order). H200, (8,2048,16,128): 206 -> 149 us. */
-template <int NJ>
+ * a load) and stores float4s of qn, kn, G; LW lanes a row (16 for K <= 64: a warp's two halves
+ * take two rows, none idle). Same arithmetic per element (the norms' sums in another order).
+ * H200, (8,2048,16,128): 206 -> 149 us. */
+template <int NJ, int LW>
 __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const void *beta,
                         const float *A_log, const float *dt_bias, ws w) {
-  int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= p.B * p.T * p.HV) return;
-  int lane = threadIdx.x & 31;
-  int64_t tt = row / p.HV, h = row % p.HV, K = p.K, hq = h / (p.HV / p.H);
+  int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
+  bool live = row < p.B * p.T * p.HV;              /* LW < 32: a dead half still shuffles */
+  if (LW == 32 && !live) return;
+  int lane = threadIdx.x % LW;
+  int64_t tt = row / p.HV, h = row % p.HV, K = live ? p.K : 0, hq = h / (p.HV / p.H);
   int64_t iq = (tt * p.H + hq) * K, io = row * K;
   float4 xq[NJ], xk[NJ], xg[NJ];
   float sq = 0, sk = 0;
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
-    int64_t d = 4 * lane + 128 * j;
+    int64_t d = 4 * lane + 4 * LW * j;
     if (d >= K) break;
     xq[j] = ld4b(q, iq + d), xk[j] = ld4b(k, iq + d), xg[j] = ld4b(g, io + d);
   }
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
-    if (4 * lane + 128 * j >= K) break;
+    if (4 * lane + 4 * LW * j >= K) break;
     sq += xq[j].x * xq[j].x + xq[j].y * xq[j].y + xq[j].z * xq[j].z + xq[j].w * xq[j].w;
     sk += xk[j].x * xk[j].x + xk[j].y * xk[j].y + xk[j].z * xk[j].z + xk[j].w * xk[j].w;
   }
-  sq = kc_warp_sum(sq), sk = kc_warp_sum(sk);
+  sq = lane_group_sum<LW>(sq), sk = lane_group_sum<LW>(sk);
   float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
   float ea = A_log ? expf(A_log[h]) : 1.f;
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
-    int64_t d = 4 * lane + 128 * j;
+    int64_t d = 4 * lane + 4 * LW * j;
     if (d >= K) break;
     float x[4] = {xg[j].x, xg[j].y, xg[j].z, xg[j].w}, gl[4];
 #pragma unroll
@@ -191,7 +200,7 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
     *(float4 *)(w.kn + io + d) = make_float4(xk[j].x * rk, xk[j].y * rk, xk[j].z * rk, xk[j].w * rk);
     *(float4 *)(w.G + io + d) = make_float4(gl[0], gl[1], gl[2], gl[3]);
   }
-  if (lane == 0) {
+  if (lane == 0 && live) {
     float b = ldb(beta, row);
     w.b[row] = p.beta_mode == 0 ? b : (p.beta_mode == 2 ? 2.f : 1.f) * sigm(b);
   }
@@ -226,17 +235,18 @@ __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk,
   }
 }
 
-/* The same for K % 4 == 0, K <= 128 NJ, 8-byte aligned q, k, dq, dk: a lane holds 4 adjacent
+/* The same for K % 4 == 0, K <= 4 LW NJ, 8-byte aligned q, k, dq, dk: a lane holds 4 adjacent
  * columns (a float4 of each dQ / dKi row of the group, 4 bf16 of q or k) for q and k at once,
  * so every load of the row is in flight together and the gradient rows are read once (the
- * general form reads them twice, q then k, 4 bytes a load). H200, (8,2048,16,128): 462 ->
- * 203 us (~0.54 GB moved: 2.6 TB/s). */
-template <int NJ>
+ * general form reads them twice, q then k, 4 bytes a load); LW lanes a row as k_rows4.
+ * H200, (8,2048,16,128): 462 -> 203 us (~0.54 GB moved: 2.6 TB/s). */
+template <int NJ, int LW>
 __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk, ws w) {
-  int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= p.B * p.T * p.H) return;
-  int lane = threadIdx.x & 31;
-  int64_t tt = row / p.H, hq = row % p.H, K = p.K, grp = p.HV / p.H, ix = row * K;
+  int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
+  bool live = row < p.B * p.T * p.H;
+  if (LW == 32 && !live) return;
+  int lane = threadIdx.x % LW;
+  int64_t tt = row / p.H, hq = row % p.H, K = live ? p.K : 0, grp = p.HV / p.H, ix = row * K;
   float4 dy[2][NJ], x[2][NJ];
   float ss[2] = {0.f, 0.f}, dot[2] = {0.f, 0.f};
 #pragma unroll
@@ -244,7 +254,7 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
     const float *src = wh ? w.dKi : w.dQ;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      int64_t d = 4 * lane + 128 * j;
+      int64_t d = 4 * lane + 4 * LW * j;
       if (d >= K) break;
       x[wh][j] = ld4b(wh ? k : q, ix + d);
       float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -259,19 +269,19 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   for (int wh = 0; wh < 2; wh++) {
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      if (4 * lane + 128 * j >= K) break;
+      if (4 * lane + 4 * LW * j >= K) break;
       float4 a = x[wh][j], b = dy[wh][j];
       ss[wh] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
       dot[wh] += b.x * a.x + b.y * a.y + b.z * a.z + b.w * a.w;
     }
-    ss[wh] = kc_warp_sum(ss[wh]), dot[wh] = kc_warp_sum(dot[wh]);
+    ss[wh] = lane_group_sum<LW>(ss[wh]), dot[wh] = lane_group_sum<LW>(dot[wh]);
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
     float r = rsqrtf(ss[wh] + L2_EPS), c = r * r * r * dot[wh];
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      int64_t d = 4 * lane + 128 * j;
+      int64_t d = 4 * lane + 4 * LW * j;
       if (d >= K) break;
       float4 a = x[wh][j], b = dy[wh][j];
       float o[4] = {b.x, b.y, b.z, b.w};
@@ -456,8 +466,10 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   LAUNCH_OK("k_chunks", "kda cuda");
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
-  if (a->K % 4 == 0 && al8 && a->K <= 128) k_rows4<1><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
-  else if (a->K % 4 == 0 && al8 && a->K <= 256) k_rows4<2><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  if (a->K % 4 == 0 && al8 && a->K <= 64)
+    k_rows4<1, 16><<<(nbr + 1) / 2, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  else if (a->K % 4 == 0 && al8 && a->K <= 128) k_rows4<1, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  else if (a->K % 4 == 0 && al8 && a->K <= 256) k_rows4<2, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   else k_rows<<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
@@ -629,8 +641,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   {
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);
     int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)dq | (uintptr_t)dk) % 8 == 0;
-    if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
     else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
     LAUNCH_OK("k_qk_bwd", "kda_kda_cuda_backward");
   }
