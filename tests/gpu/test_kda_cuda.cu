@@ -11,10 +11,9 @@
  * tensor-core path (default: its precise backward when the gate has parameters), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
  * (KDA_KDA_PRECISE=1), and the tensor-core path in its other layouts: the backward's rows
- * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0), the chunk kernels without their compact
- * layouts for small heads (KDA_KDA_COMPACT=0) and the rows kernel at 512 threads (KDA_KDA_THREADS);
- * the quick run does the first only, the variables pass
- * through to it.
+ * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
+ * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0); the quick run
+ * does the first only, the variables pass through to it.
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
 #include <cuda_bf16.h>
