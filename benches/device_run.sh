@@ -20,10 +20,11 @@
 #             the bundle's: the new test (KDA_AB_ENV applied), then kda_bench alternating A B A B,
 #             the new side's precise backward and its phase timers at KDA_BENCH_SHAPE=0; one log
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
-#             KDA_MULTI="main combo intra@KDA_KDA_INTRA_COMPACT=0 ..." (NAME[@ENV=V,...]); each
-#             named TESTS="main combo@ENV=V" runs its full test; then kda_bench in ROUNDS (2) rounds
-#             alternating over all; the precise backward of PRECISE (default all); RACE="NAME[@ENV]:case|..." racecheck filters; HYBRID="main combo"
-#             the hybrid S 64x512 step with each one's kda (WITH_KDA=1); phases of the last
+#             KDA_MULTI="main new new@KDA_KDA_COMPACT=0 ..." (NAME[@ENV=V,...]); each entry of
+#             TESTS runs its full test; then kda_bench in ROUNDS (2) rounds alternating over
+#             KDA_MULTI; the precise backward of PRECISE (default all); RACE="NAME[@ENV]:case|..."
+#             racecheck filters; HYBRID entries the hybrid S 64x512 step with their kda
+#             (WITH_KDA=1); phases of KDA_MULTI's last entry
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -146,7 +147,7 @@ if [ "$MODE" = kda_multi ]; then
       echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\("; done; done
     for e in ${PRECISE:-$KDA_MULTI}; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
     for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
-      timeout 120 "$(bin $n)/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
+      env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
     echo "== $last phases (8,2048,16,128)"; env $(envof "$last") KDA_BENCH_SHAPE=0 timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
   } >> "$OUT/kda_multi.log" 2>&1
