@@ -30,17 +30,6 @@ static __device__ __forceinline__ void stb(void *p, int64_t i, float x) {
   ((bf16 *)p)[i] = __float2bfloat16(x);
 }
 static __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
-/* Programmatic dependent launch (sm_90+; kda_cuda.cu's launch() sets the attribute): every
- * kernel so launched calls pdl_begin() first. It waits until the previous kernel in the stream
- * has finished and its writes are visible (griddepcontrol.wait), then lets the next kernel's
- * blocks be scheduled as SMs free up (launch_dependents): the next launch and its blocks' start
- * overlap this kernel's last wave instead of following it. Elsewhere a no-op. */
-static __device__ __forceinline__ void pdl_begin() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 /* sum of v over the block (blockDim a multiple of 32, <= 1024); red has 32 floats */

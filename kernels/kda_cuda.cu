@@ -76,7 +76,6 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
  * ~10 us at B = 32, 1% of a small fwd+bwd). Packed sequences: one thread walks them (sequence
  * starts need a prefix sum). */
 __global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
-  pdl_begin();
   if (!p.cu) {
     int64_t nc = (p.T + p.C - 1) / p.C;
     for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
@@ -109,7 +108,6 @@ __global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
  * at (8,2048,16,128) for ~0.6 GB of traffic, scheduling-bound. */
 __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const void *beta,
                        const float *A_log, const float *dt_bias, ws w) {
-  pdl_begin();
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.HV) return;
   int lane = threadIdx.x & 31;
@@ -162,7 +160,6 @@ static __device__ __forceinline__ float lane_group_sum(float v) {
 template <int NJ, int LW>
 __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const void *beta,
                         const float *A_log, const float *dt_bias, ws w) {
-  pdl_begin();
   int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
   bool live = row < p.B * p.T * p.HV;              /* LW < 32: a dead half still shuffles */
   if (LW == 32 && !live) return;
@@ -212,7 +209,6 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
 /* GVA group sum of the per-value-head dq, dk (wrt normalised), then the l2-norm backward, one
  * warp per (token, key head) row (as k_rows); the general form (any K, any alignment) */
 __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk, ws w) {
-  pdl_begin();
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.H) return;
   int lane = threadIdx.x & 31;
@@ -246,7 +242,6 @@ __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk,
  * H200, (8,2048,16,128): 462 -> 203 us (~0.54 GB moved: 2.6 TB/s). */
 template <int NJ, int LW>
 __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk, ws w) {
-  pdl_begin();
   int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
   bool live = row < p.B * p.T * p.H;
   if (LW == 32 && !live) return;
@@ -301,7 +296,6 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
 
 /* dA_log[h] and ddt_bias[h,:] = sums of the per-chunk partials in chunk order (deterministic) */
 __global__ void k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_bias) {
-  pdl_begin();
   int64_t h = blockIdx.x, K = p.K, HV = p.HV;
   int nch = w.sfirst[N];
   for (int64_t d = threadIdx.x; d <= K; d += blockDim.x) {
@@ -346,35 +340,6 @@ static int smem_opt_in(const void *fn, size_t bytes, const kda_kda_args *a, cons
                          SHAPE_FMT ": use chunk 32 or K <= 128", op, kname, bytes, lim, SHAPE_ARGS(a));
   CUDA_OK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
   return 0;
-}
-
-/* Launch a kernel that calls pdl_begin() first (kda_common.cuh) with programmatic dependent
- * launch on sm_90+ (KDA_KDA_PDL=0: plain launches): its launch and its blocks' start overlap
- * the previous kernel's last wave. Inside a graph capture the dependency becomes a programmatic
- * edge. Errors reach cudaGetLastError (the callers' LAUNCH_OK). */
-static int pdl_on(void) {
-  const char *e = getenv("KDA_KDA_PDL");
-  int dev, major = 0;
-  if (e && strcmp(e, "0") == 0) return 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();                            /* cleared: plain launches */
-    return 0;
-  }
-  return major >= 9;
-}
-template <class... P, class... A>
-static void launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
-  if (!pdl_on()) {
-    kern<<<grid, block, smem, st>>>(args...);
-    return;
-  }
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t c = {};
-  c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = smem, c.stream = st, c.attrs = at, c.numAttrs = 1;
-  cudaLaunchKernelEx(&c, kern, args...);
 }
 
 /* two blocks an SM (a compact layout) need the largest shared-memory carveout */
@@ -497,15 +462,15 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
                  const ws &w, cudaStream_t st, const char *op, int tc, int prec) {
   int64_t NTu = n_chunks_max(a);
-  launch(k_chunks, 1, 256, 0, st, p, NTu, w.ctab, w.sfirst);
+  k_chunks<<<1, 256, 0, st>>>(p, NTu, w.ctab, w.sfirst);
   LAUNCH_OK("k_chunks", "kda cuda");
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
   if (a->K % 4 == 0 && al8 && a->K <= 64)
-    launch(k_rows4<1, 16>, (nbr + 1) / 2, 256, 0, st, p, q, k, g, beta, A_log, dt_bias, w);
-  else if (a->K % 4 == 0 && al8 && a->K <= 128) launch(k_rows4<1, 32>, nbr, 256, 0, st, p, q, k, g, beta, A_log, dt_bias, w);
-  else if (a->K % 4 == 0 && al8 && a->K <= 256) launch(k_rows4<2, 32>, nbr, 256, 0, st, p, q, k, g, beta, A_log, dt_bias, w);
-  else launch(k_rows, nbr, 256, 0, st, p, q, k, g, beta, A_log, dt_bias, w);
+    k_rows4<1, 16><<<(nbr + 1) / 2, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  else if (a->K % 4 == 0 && al8 && a->K <= 128) k_rows4<1, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  else if (a->K % 4 == 0 && al8 && a->K <= 256) k_rows4<2, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+  else k_rows<<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
     /* vt = 1: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others;
@@ -519,7 +484,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     auto kern = vt == 2 ? (prec ? k_intra_tc_p_cm : k_intra_tc_cm) : prec ? k_intra_tc_p : k_intra_tc;
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-    launch(kern, dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st, p, v, w, vt);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -568,14 +533,14 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
     if (smem_opt_in((const void *)k_state_fwd_tc_p, sm, a, op, "k_state_fwd_tc_p")) return -1;
-    launch(k_state_fwd_tc_p, state_grid(a), NTC, sm, st, p, w, h0, o, ht);
+    k_state_fwd_tc_p<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
     return 0;
   }
   if (tc) {
     size_t sm = smem_state_tc(a->chunk, a->K, 0);
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
-    launch(k_state_fwd_tc, state_grid(a), NT, sm, st, p, w, h0, o, ht);
+    k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
     return 0;
   }
@@ -618,7 +583,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
      * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
      * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
-    launch(kst, state_grid(a), NTC, sm, st, p, w, h0, dout, dht, dh0, kept);
+    kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
      * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */
@@ -633,7 +598,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
      * block an SM by its tiles, 256 threads lost 2.3% */
     int rt = chunk_threads("rows", !prec && 2 * sm <= smem_per_sm() ? 256 : NTC);
-    launch(krw, gc, rt, sm, st, p, dout, w, sep);
+    krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
@@ -642,7 +607,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     auto kmt = mcm ? (prec ? k_bwd_mat_tc_p_cm : k_bwd_mat_tc_cm) : prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
-    launch(kmt, gc, chunk_threads("mat", NTC), sm, st, p, v, dout, dv, w);
+    kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
@@ -651,7 +616,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
-    launch(kfn, gc, chunk_threads("final", fcm ? 256 : NTC), sm, st, p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    kfn<<<gc, chunk_threads("final", fcm ? 256 : NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
@@ -670,16 +635,16 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     LAUNCH_OK("k_bwd_final", "kda_kda_cuda_backward");
   }
   if (dA_log || ddt_bias) {                        /* per-chunk partials, summed in chunk order */
-    launch(k_gate_reduce, (unsigned)a->HV, 128, 0, st, p, w, n_seq(a), dA_log, ddt_bias);
+    k_gate_reduce<<<(unsigned)a->HV, 128, 0, st>>>(p, w, n_seq(a), dA_log, ddt_bias);
     LAUNCH_OK("k_gate_reduce", "kda_kda_cuda_backward");
   }
   {
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);
     int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)dq | (uintptr_t)dk) % 8 == 0;
-    if (a->K % 4 == 0 && al8 && a->K <= 64) launch(k_qk_bwd4<1, 16>, (nbq + 1) / 2, 256, 0, st, p, q, k, dq, dk, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 128) launch(k_qk_bwd4<1, 32>, nbq, 256, 0, st, p, q, k, dq, dk, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 256) launch(k_qk_bwd4<2, 32>, nbq, 256, 0, st, p, q, k, dq, dk, w);
-    else launch(k_qk_bwd, nbq, 256, 0, st, p, q, k, dq, dk, w);
+    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
     LAUNCH_OK("k_qk_bwd", "kda_kda_cuda_backward");
   }
   return 0;

@@ -132,7 +132,6 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR, bool CM>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
-  pdl_begin();
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -566,7 +565,6 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
  * register from the top to the end of o. It staged kg, U and e^{G_last} at the top and waited
  * for them there: H200, (8,2048,16,128), that wait was 164k of the pass's 472k cycles a block. */
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
-  pdl_begin();
   extern __shared__ __align__(16) float sm[];
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
@@ -671,7 +669,6 @@ static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, co
 template <bool PR>
 static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                     const float *dht, float *dh0, int kept) {
-  pdl_begin();
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
@@ -752,7 +749,6 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float 
  * backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
-  pdl_begin();
   extern __shared__ __align__(16) float sm[];
   const st_blk b = st_block(p, w);
   st_tiles<float> t = st_carve<float>(p, sm);

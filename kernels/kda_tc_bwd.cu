@@ -99,7 +99,6 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
 }
 template <bool PR>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
-  pdl_begin();
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
@@ -206,7 +205,6 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
 }
 template <bool PR, bool CM>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  pdl_begin();
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -358,7 +356,6 @@ size_t smem_final_tc_compact(int64_t C, int64_t K) { return smem_final_tc(C, K) 
 template <bool PR, bool CM>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
                                                     const float *dt_bias, void *dg, void *dbeta, ws w) {
-  pdl_begin();
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
