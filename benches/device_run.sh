@@ -133,7 +133,8 @@ fi
 if [ "$MODE" = kda_multi ]; then
   bin() { echo "/tmp/kda_${1%%@*}/bin"; }                      # NAME[@ENV] -> its unpacked bin folder
   envof() { case "$1" in *@*) echo "${1#*@}" | tr ',' ' ';; esac; }
-  for e in ${KDA_MULTI:?}; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
+  races=$(echo "${RACE:-}" | tr '|' '\n' | sed 's/:.*//')           # every name any list mentions
+  for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
     mkdir -p /tmp/kda_$n && tar -xJf .devbuild/kda_$n.tar.xz -C /tmp/kda_$n; echo "$n = $(cat /tmp/kda_$n/bin/REVISION)"; done | tee "$OUT/kda_multi.log"
   { i=0; for n in ${TESTS:-}; do i=$((i+1)); echo "== test $n"
       env $(envof "$n") timeout 150 "$(bin "$n")/test_kda_cuda" > "$OUT/kda_test_$i.log" 2>&1; echo "rc=$?"
