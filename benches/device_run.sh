@@ -25,6 +25,9 @@
 #             KDA_MULTI; the precise backward of PRECISE (default all); RACE="NAME[@ENV]:case|..."
 #             racecheck filters; HYBRID entries the hybrid S 64x512 step with their kda
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry
+#   ncu_source one kernel of the bundle's kda_bench under ncu --set full (KERNEL regex, SHAPE
+#             0..3 as KDA_BENCH_SHAPE): its details page and its per-line CUDA source and SASS
+#             metrics as CSV (the KDA kernels are built with -lineinfo); not yet run
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -153,6 +156,16 @@ if [ "$MODE" = kda_multi ]; then
     echo "== $last phases (8,2048,16,128)"; env $(envof "$last") KDA_BENCH_SHAPE=0 timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
   } >> "$OUT/kda_multi.log" 2>&1
   cat "$OUT/kda_multi.log"
+fi
+
+if [ "$MODE" = ncu_source ]; then
+  build_kda
+  KDA_BENCH_SHAPE=${SHAPE:-0} timeout 300 ncu --set full --import-source yes -k "regex:${KERNEL:?}" --launch-skip 3 \
+    --launch-count 1 -f -o /tmp/kda_prof build/kda_gpu/kda_bench > "$OUT/ncu_run.log" 2>&1; echo "ncu rc=$?"
+  ncu -i /tmp/kda_prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
+  ncu -i /tmp/kda_prof.ncu-rep --page source --csv --print-source cuda > "$OUT/ncu_source_cuda.csv" 2>&1
+  ncu -i /tmp/kda_prof.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_source_sass.csv" 2>&1
+  xz -f "$OUT"/ncu_source_*.csv; ls -la "$OUT"; head -60 "$OUT/ncu_details.txt"
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then

@@ -19,7 +19,7 @@ B=build/kda_gpu
 LOG=${OUT:-$B}
 mkdir -p "$B" "$LOG"
 CFLAGS="-std=c11 -O2 -fopenmp -D_GNU_SOURCE -Icore"
-NVFLAGS="-std=c++17 -O3 -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"
+NVFLAGS="-std=c++17 -O3 -lineinfo -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"   # -lineinfo: ncu's source view (no code change)
 newer() { [ ! -e "$1" ] || [ -n "$(find core kernels tests/gpu benches -newer "$1" -name '*.[ch]*' 2>/dev/null | head -1)" ]; }
 if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phases"; then
   gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o"
