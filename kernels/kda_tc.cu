@@ -142,15 +142,14 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation (the wide
    * kernel's PTX stays what it was: with the layout chosen at run time it was 1.3-1.7% slower
    * at (8,2048,16,128), fwd 1.756 -> 1.785 ms on the H200) */
-  constexpr bool cm = CM;
-  int64_t regn = (int64_t)(2 * C + 32) * KS > (int64_t)C * VS || cm ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
+  int64_t regn = ((int64_t)(2 * C + 32) * KS > (int64_t)C * VS || CM) ? (int64_t)(2 * C + 32) * KS : (int64_t)C * VS;
   float *qs = sm, *X = qs + C * KS, *Y = X + C * KS, *Vb = sm;   /* Vb aliases q, X, Y later */
   float *ks = sm + regn, *Gs = ks + C * KS, *As = Gs + C * KS, *Ls = As + C * CS;
-  float *Ms = cm ? X : Ls + C * CS, *bs = cm ? Ls + C * CS : Ms + C * CS;
+  float *Ms = CM ? X : Ls + C * CS, *bs = CM ? Ls + C * CS : Ms + C * CS;
   /* vt: the raw v tile, copied with q, k, G (its loads used to wait, 8 per thread at a time, in
    * a phase of their own after the substitution: ~30% of the kernel's time at K = V = 128) */
   int VB = V16 + 8;
-  sbf *vr = cm ? (sbf *)Ls : (sbf *)(bs + C);
+  sbf *vr = CM ? (sbf *)Ls : (sbf *)(bs + C);
   int tid = threadIdx.x;
   PH_INIT(0);
   {                                                /* q, k, G (and v): asynchronous copies, zero-padded */
@@ -167,7 +166,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   for (int e = tid; e < C * CS; e += BT) {
     As[e] = 0.f, Ls[e] = 0.f;
-    if (!cm) Ms[e] = 0.f;                          /* cm: M's region holds X until the inverse */
+    if (!CM) Ms[e] = 0.f;                          /* CM: M's region holds X until the inverse */
   }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
@@ -252,12 +251,12 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   PH(4);
   __syncthreads();
-  if (cm) {                                        /* M in the X region, which held operands */
+  if (CM) {                                        /* M in the X region, which held operands */
     for (int e = tid; e < C * CS; e += BT) Ms[e] = 0.f;
     __syncthreads();
   }
-  tril_inverse(Ls, Ms, CS, C, cm ? Y : X);         /* M = (I + L)^-1 (fp32); X (Y) is free now */
-  if (cm)                                          /* L is dead: the raw v tile in its place */
+  tril_inverse(Ls, Ms, CS, C, CM ? Y : X);         /* M = (I + L)^-1 (fp32); X (Y) is free now */
+  if (CM)                                          /* L is dead: the raw v tile in its place */
     for (int e = tid; e < C * (V16 / 8); e += BT) {
       int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
       bool ok = r < n && c < V;
@@ -311,7 +310,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       int r = e / V16, c = e % V16;
       return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
     }, [&](int e, float x) { Vb[(e / V16) * VS + e % V16] = x; });
-  if (cm) cp_async_wait_all();                     /* the v tile, copied after the inverse */
+  if (CM) cp_async_wait_all();                     /* the v tile, copied after the inverse */
   __syncthreads();
   PH(7);
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
