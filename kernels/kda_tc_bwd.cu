@@ -366,8 +366,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
         *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS), *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
-  /* dL[i][j] (j < i): CM, in dA's tile (smem_final_tc_compact) */
-  auto dl_at = [&](int i, int j) { return CM ? dAs[(C - 1 - i) * CS + C - i + j] : dLs[i * CS + j]; };
+  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
+   * (smem_final_tc_compact) */
+  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + C - i : dLs + i * CS; };
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
@@ -437,8 +438,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 #pragma unroll
     for (int i = 0; i < 16; i++) {
       if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
-      const float *dAr = dAs + (I0 + i) * CS + I0,   /* dLr[j] = dL[I0 + i][I0 + j] */
-                  *dLr = CM ? dAs + (C - 1 - I0 - i) * CS + C - i : dLs + (I0 + i) * CS + I0;
+      const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dl_row(I0 + i) + I0;
       float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
 #pragma unroll
       for (int j = 0; j <= i; j++) {
@@ -493,7 +493,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
      * loads first, then the updates (same arithmetic as one element at a time) */
     mma_blk4<PT>(32, K16, r,
-                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_at(r + ii - 16, j); },
+                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
                  [&](int j, int d) { return X[j * KS + d]; },
                  [&](int ii, int d0, float c0, float c1, float c2, float c3) {
                    float x[4] = {c0, c1, c2, c3}, a[4], b[4];
@@ -548,7 +548,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                    int j = 16 * J + jj;
                    if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
                    k -= m16;
-                   return k < mrow ? dl_at(rp + 1 + k, j) : 0.f;
+                   return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
                  },
                  [&](int k, int d) { return X[k * KS + d]; },
                  [&](int jj, int d0, float c0, float c1, float c2, float c3) {
