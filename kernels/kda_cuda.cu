@@ -538,7 +538,20 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     return 0;
   }
   if (tc) {
-    size_t sm = smem_state_tc(a->chunk, a->K, 0);
+    /* db: two sets of chunk tiles (k_state_fwd_tc_db) when the grid needs at most one block an
+     * SM and they fit; KDA_KDA_STATE_DB=0 turns it off (read per call: the test's fourth path).
+     * PREPARED, NOT YET MEASURED */
+    size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
+    const char *de = getenv("KDA_KDA_STATE_DB");
+    int dev, nsm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      cudaGetLastError(), nsm = 0;
+    if ((int64_t)state_grid(a).x <= nsm && smd <= (size_t)smem_optin_limit() && !(de && strcmp(de, "0") == 0)) {
+      if (smem_opt_in((const void *)k_state_fwd_tc_db, smd, a, op, "k_state_fwd_tc_db")) return -1;
+      k_state_fwd_tc_db<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
+      return 0;
+    }
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
     k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
