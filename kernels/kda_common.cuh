@@ -194,6 +194,8 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec);
+size_t smem_state_tc_db(int64_t C, int64_t K);
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
@@ -205,6 +207,9 @@ __global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, i
 __global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt);
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
+__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht);
+__global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
+                                                           float *dh0);
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht);
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0, int kept);

@@ -435,6 +435,20 @@ static int use_compact(size_t wide, size_t compact) {
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
 }
+/* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
+ * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
+ * turns it off (read per call: the test's fourth path) */
+static dim3 state_grid(const kda_kda_args *a);
+static int use_state_db(const kda_kda_args *a, size_t db) {
+  const char *e = getenv("KDA_KDA_STATE_DB");
+  int dev, nsm = 0;
+  if (e && strcmp(e, "0") == 0) return 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
+}
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
@@ -538,7 +552,16 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     return 0;
   }
   if (tc) {
-    size_t sm = smem_state_tc(a->chunk, a->K, 0);
+    /* db: two sets of chunk tiles (k_state_fwd_tc_db) when the grid needs at most one block an
+     * SM and they fit; KDA_KDA_STATE_DB=0 turns it off (read per call: the test's fourth path).
+     * PREPARED, NOT YET MEASURED */
+    size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
+    if (use_state_db(a, smd)) {
+      if (smem_opt_in((const void *)k_state_fwd_tc_db, smd, a, op, "k_state_fwd_tc_db")) return -1;
+      k_state_fwd_tc_db<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
+      return 0;
+    }
     if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
     k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
@@ -576,14 +599,19 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
-    size_t sm = smem_state_tc(a->chunk, a->K, prec);
-    auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
-    if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
-    /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
-     * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
-     * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
-     * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
-    kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+    size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
+    if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
+      if (smem_opt_in((const void *)k_state_bwd_tc_db, smd, a, op, "k_state_bwd_tc_db")) return -1;
+      k_state_bwd_tc_db<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
+    } else {
+      auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
+      if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
+      /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
+       * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
+       * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
+       * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
+      kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+    }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
      * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */

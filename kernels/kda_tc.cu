@@ -606,6 +606,63 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   if (ht) st_st(p, ht, b.sbase, c0, t);
 }
 
+/* The same pass with a second set of chunk tiles (W, s qg, kg, Aqk and U: smem_state_tc_db),
+ * for grids of at most one block an SM (the long sequences' few heads, small batches): every
+ * tile of chunk ci + 1 is staged at the top of step ci, a whole step ahead of its use, where
+ * k_state_fwd_tc's single set can issue each part only a product ahead (its waits were 21% of
+ * its cycles at (8,2048,16,128)). S, its shadow, Vn's shadow and e^{G_last} stay single. Same
+ * products in the same order: the same bytes as k_state_fwd_tc. PREPARED, NOT YET MEASURED. */
+size_t smem_state_tc_db(int64_t C, int64_t K) {
+  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4;
+  return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
+}
+__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
+  extern __shared__ __align__(16) float sm[];
+  const st_blk b = st_block(p, w);
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int cf = b.cf, cl = b.cl;
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm);
+  st_tiles<sbf> t1s = t0s;                         /* the second set after the whole layout */
+  t1s.W = (sbf *)(t0s.en + t0s.K16), t1s.qg = t1s.W + p.C * t0s.KB;
+  t1s.kg = t1s.qg + p.C * t0s.KB, t1s.A = t1s.kg + p.C * t0s.KB;
+  t1s.Vn = (float *)(t1s.A + p.C * t0s.CB);
+  PH_INIT(1);
+  st_ld(p, h0, b.sbase, c0, t0s);
+  constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
+  if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, ALL);
+  cp_async_commit();
+  /* one chunk step with set t, staging chunk ci + 1 into set tn (the loop below alternates the
+   * two with fixed roles, so the sets' pointers stay in registers) */
+  auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
+    if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
+    if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci + 1's may fly) */
+    __syncthreads();
+    PH(0);
+    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
+    __syncthreads();
+    PH(1);
+    mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
+            each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
+    st_en_store(p, t, gl);
+    __syncthreads();                               /* o done with Sb before the update writes it */
+    PH(2);
+    st_upd_tc<P_BF16>(p, t);
+    PH(3);
+  };
+  for (int ci = cf; ci < cl; ci += 2) {
+    step(t0s, t1s, ci);
+    if (ci + 1 < cl) step(t1s, t0s, ci + 1);
+  }
+  __syncthreads();
+  if (ht) st_st(p, ht, b.sbase, c0, t0s);
+}
+
 /* The forward sweep of the backward state pass: from h0, per chunk, store the state entering
  * it (w.h) and Vn (w.vn), then S <- e^{G_last} S + kg^T Vn. o != NULL (the precise forward
  * of a kept call, PR only) also forms o = [s qg | Aqk] [S ; Vn] from the fp32 tiles, in tf32.
@@ -744,6 +801,62 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float 
                                                        const float *dht, float *dh0, int kept) {
   state_bwd_tc<true>(p, w, h0, dout, dht, dh0, kept);
 }
+/* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
+ * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
+ * chunk ci - 1's whole set is staged at the top of step ci. Same products in the same order as
+ * k_state_bwd_tc's reverse sweep. PREPARED, NOT YET MEASURED. */
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K) {
+  int64_t KB = r16(K) + 8, CB = C + 8, DB = BVT + 8;
+  return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
+}
+__global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
+                                                           float *dh0) {
+  extern __shared__ __align__(16) float sm[];
+  const st_blk b = st_block(p, w);
+  const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int cf = b.cf, cl = b.cl;
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm);
+  st_tiles<sbf> t1s = t0s;                         /* the second set after the whole layout */
+  t1s.W = (sbf *)(t0s.en + t0s.K16), t1s.qg = t1s.W + p.C * t0s.KB;
+  t1s.kg = t1s.qg + p.C * t0s.KB, t1s.A = t1s.kg + p.C * t0s.KB, t1s.dO = t1s.A + p.C * t0s.CB;
+  PH_INIT(2);
+  st_ld(p, dht, b.sbase, c0, t0s);                 /* t.S now holds dS (§4.2) */
+  constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
+  if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, dout, ALL);
+  cp_async_commit();
+  auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
+    st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci - 1's may fly) */
+    __syncthreads();
+    PH(3);
+    /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
+    mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+            each4([&](int r, int c, float x) {
+              t.Vb[r * t.DB + c] = __float2bfloat16(-x);
+              if (r < m && c0 + c < V) w.dvn[((t0 + r) * HV + h) * V + c0 + c] = x;
+            }));
+    st_en_store(p, t, gl);
+    __syncthreads();                               /* dVn done with Sb before the update writes it */
+    PH(4);
+    /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
+    mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
+            each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
+    PH(5);
+  };
+  for (int ci = cl - 1; ci >= cf; ci -= 2) {
+    step(t0s, t1s, ci);
+    if (ci - 1 >= cf) step(t1s, t0s, ci - 1);
+  }
+  __syncthreads();
+  if (dh0) st_st(p, dh0, b.sbase, c0, t0s);
+}
+
 /* The precise forward of a kept call (kda_kda_args.keep with a parameterised gate, whose
  * backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
