@@ -388,7 +388,7 @@ static int use_precise(const kda_kda_args *a, int gate_grads) {
   return a->gate_mode != 0 && gate_grads;
 }
 
-/* threads a block for the chunk kernel `name` (intra, rows, mat, final): `dflt` unless
+/* threads a block for the chunk kernel `name` (intra, rows, mat, final; state_bwd): `dflt` unless
  * KDA_KDA_THREADS names it, e.g. "rows=256/final=256" (for measuring: the kernels take their
  * block size from blockDim, any multiple of 32 from 128 up to NTC runs them) */
 static int chunk_threads(const char *name, int dflt) {
@@ -583,7 +583,15 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
      * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
      * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
-    kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+    /* The precise pass's 118 registers a thread allow one block of 512 an SM: when its blocks
+     * outnumber the SMs (more than one wave) and two blocks' tiles fit an SM (K <= 64), 256
+     * threads run two an SM, one wave where there were two (the KDA hybrid at 64x512: four
+     * waves -> two). KDA_KDA_THREADS=state_bwd=N overrides. NOT YET MEASURED (prepared) */
+    int dev, nsm = 0, sbt = NTC;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      cudaGetLastError(), nsm = 0;
+    if (prec && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
+    kst<<<state_grid(a), chunk_threads("state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
      * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */
