@@ -388,7 +388,7 @@ static int use_precise(const kda_kda_args *a, int gate_grads) {
   return a->gate_mode != 0 && gate_grads;
 }
 
-/* threads a block for the chunk kernel `name` (intra, rows, mat, final): `dflt` unless
+/* threads a block for the chunk kernel `name` (intra, rows, mat, final; state_bwd): `dflt` unless
  * KDA_KDA_THREADS names it, e.g. "rows=256/final=256" (for measuring: the kernels take their
  * block size from blockDim, any multiple of 32 from 128 up to NTC runs them) */
 static int chunk_threads(const char *name, int dflt) {
@@ -554,7 +554,9 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (tc) {
     /* db: two sets of chunk tiles (k_state_fwd_tc_db) when the grid needs at most one block an
      * SM and they fit; KDA_KDA_STATE_DB=0 turns it off (read per call: the test's fourth path).
-     * PREPARED, NOT YET MEASURED */
+     * Measured on the H200 against KDA_KDA_STATE_DB=0 in one run (both passes): fwd
+     * (1,8192,16,128) 1.295 -> 1.228 ms, fwd+bwd 3.813 -> 3.665; (8,512,4,64) fwd 0.088 -> 0.084,
+     * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_state_db(a, smd)) {
       if (smem_opt_in((const void *)k_state_fwd_tc_db, smd, a, op, "k_state_fwd_tc_db")) return -1;
@@ -609,8 +611,17 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
        * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
        * 8 warps were too few), the rest equal or within 1%. 1024 threads: fewer cycles a block
-       * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept */
-      kst<<<state_grid(a), NTC, sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+       * (440k -> 333k) but one block an SM (64 registers x 1024), 535 -> 737 us: not kept.
+       * The precise pass's 118 registers a thread allow one block of 512 an SM: when its blocks
+       * outnumber the SMs (more than one wave) and two blocks' tiles fit an SM (K <= 64), 256
+       * threads run two an SM, one wave where there were two (the KDA hybrid at 64x512: four
+       * waves -> two). KDA_KDA_THREADS=state_bwd=N overrides. Measured on the H200 against
+       * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms */
+      int dev, nsm = 0, sbt = NTC;
+      if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        cudaGetLastError(), nsm = 0;
+      if (prec && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
+      kst<<<state_grid(a), chunk_threads("state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait

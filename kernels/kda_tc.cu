@@ -611,7 +611,9 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
  * tile of chunk ci + 1 is staged at the top of step ci, a whole step ahead of its use, where
  * k_state_fwd_tc's single set can issue each part only a product ahead (its waits were 21% of
  * its cycles at (8,2048,16,128)). S, its shadow, Vn's shadow and e^{G_last} stay single. Same
- * products in the same order: the same bytes as k_state_fwd_tc. PREPARED, NOT YET MEASURED. */
+ * products in the same order: the same bytes as k_state_fwd_tc. Measured on the H200 (fwd,
+ * against KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 1.295 -> 1.228 ms, (8,512,4,64)
+ * 0.088 -> 0.084. */
 size_t smem_state_tc_db(int64_t C, int64_t K) {
   int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4;
   return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
@@ -804,7 +806,8 @@ __global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float 
 /* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
  * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
  * chunk ci - 1's whole set is staged at the top of step ci. Same products in the same order as
- * k_state_bwd_tc's reverse sweep. PREPARED, NOT YET MEASURED. */
+ * k_state_bwd_tc's reverse sweep. With k_state_fwd_tc_db, fwd+bwd on the H200 (against
+ * KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 3.813 -> 3.665 ms, (8,512,4,64) 0.260 -> 0.253. */
 size_t smem_state_bwd_tc_db(int64_t C, int64_t K) {
   int64_t KB = r16(K) + 8, CB = C + 8, DB = BVT + 8;
   return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;

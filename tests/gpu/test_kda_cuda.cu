@@ -10,10 +10,11 @@
  * bit-identity of the backward (no float atomics). Every KDA case runs four times: the
  * tensor-core path (default: its precise backward when the gate has parameters), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
- * (KDA_KDA_PRECISE=1), and the tensor-core path in its other layouts: the backward's rows
+ * (KDA_KDA_PRECISE=1; its state pass at 256 threads, which large batches of small heads take),
+ * and the tensor-core path in its other layouts: the backward's rows
  * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
- * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the forward state
- * pass with one set of chunk tiles (KDA_KDA_STATE_DB=0); the quick run does the first only, the
+ * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the state passes
+ * with one set of chunk tiles (KDA_KDA_STATE_DB=0); the quick run does the first only, the
  * variables pass through to it.
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
@@ -575,14 +576,15 @@ int main(int argc, char **argv) {
   printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
   double t0 = kda_now();
   const char *paths[4] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
-                          "KDA_KDA_PRECISE=1 (tensor-core path, precise backward on every case)",
+                          "KDA_KDA_PRECISE=1 KDA_KDA_THREADS=state_bwd=256 (tensor-core path, precise "
+                          "backward on every case, its state pass at 256 threads)",
                           "KDA_KDA_ROWS_SEP=0 KDA_KDA_COMPACT=0 KDA_KDA_THREADS=rows=512 KDA_KDA_STATE_DB=0 "
                           "(tensor-core path, the rows kernel with one S0/dS tile at 512 threads, "
-                          "wide layouts, the forward state pass's single tile set)"};
+                          "wide layouts, the state passes' single tile set)"};
   for (int path = 0; path < (quick ? 1 : 4); path++) {
     if (path == 1) setenv("KDA_KDA_SIMPLE", "1", 1);
     else unsetenv("KDA_KDA_SIMPLE");
-    if (path == 2) setenv("KDA_KDA_PRECISE", "1", 1);
+    if (path == 2) setenv("KDA_KDA_PRECISE", "1", 1), setenv("KDA_KDA_THREADS", "state_bwd=256", 1);
     if (path == 3)
       unsetenv("KDA_KDA_PRECISE"), setenv("KDA_KDA_ROWS_SEP", "0", 1), setenv("KDA_KDA_COMPACT", "0", 1),
       setenv("KDA_KDA_THREADS", "rows=512", 1), setenv("KDA_KDA_STATE_DB", "0", 1);
