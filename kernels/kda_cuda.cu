@@ -435,6 +435,14 @@ static int use_compact(size_t wide, size_t compact) {
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
 }
+/* The chunk kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk 64
+ * run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
+ * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path) */
+static int kv_spec(const kda_kda_args *a) {
+  const char *e = getenv("KDA_KDA_KV");
+  if (e && strcmp(e, "0") == 0) return 0;
+  return a->chunk == 64 && a->K == a->V && (a->K == 64 || a->K == 128) ? (int)a->K : 0;
+}
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
  * turns it off (read per call: the test's fourth path) */
@@ -495,7 +503,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     if (vt) sm = smv;
     size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V);
     if (al && use_compact(sm, smc)) vt = 2, sm = smc;
-    auto kern = vt == 2 ? (prec ? k_intra_tc_p_cm : k_intra_tc_cm) : prec ? k_intra_tc_p : k_intra_tc;
+    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
@@ -630,7 +638,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const char *rs = getenv("KDA_KDA_ROWS_SEP");
     int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
     sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
-    auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
+    auto krw = k_bwd_rows_tc_pick(prec, kv_spec(a));
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
      * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
@@ -643,7 +651,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
-    auto kmt = mcm ? (prec ? k_bwd_mat_tc_p_cm : k_bwd_mat_tc_cm) : prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
+    auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv_spec(a));
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
@@ -651,7 +659,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
     if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
-    auto kfn = fcm ? (prec ? k_bwd_final_tc_p_cm : k_bwd_final_tc_cm) : prec ? k_bwd_final_tc_p : k_bwd_final_tc;
+    auto kfn = k_bwd_final_tc_pick(prec, fcm, kv_spec(a));
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */

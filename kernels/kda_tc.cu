@@ -130,9 +130,10 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-template <bool PR, bool CM>
+template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
+  kv_fix<KV>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -333,10 +334,13 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   else mma_tf1(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, uout);
   PH(9);
 }
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false, false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true, false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt) { intra_tc<false, true>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt) { intra_tc<true, true>(p, v, w, vt); }
+template <bool PR, bool CM, int KV>
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<PR, CM, KV>(p, v, w, vt); }
+intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
+  static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
+                                         {KV_SLOTS(k_intra_tc, true, false), KV_SLOTS(k_intra_tc, true, true)}};
+  return t[pr][cm][kv_slot(kv)];
+}
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
 /* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
