@@ -212,13 +212,14 @@ intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
-__global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
-                                                           float *dh0);
-__global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                     const float *dht, float *dh0, int kept);
-__global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
-                                                       const float *dht, float *dh0, int kept);
+/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
+ * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
+ * with two tile sets */
+typedef void (*state_fwd_fn)(kp, ws, const float *, void *, float *);
+typedef void (*state_bwd_fn)(kp, ws, const float *, const void *, const float *, float *, int);
+typedef void (*state_bwd_db_fn)(kp, ws, const void *, const float *, float *);
+enum { ST_FAST, ST_DB, ST_PRECISE };
+state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
+state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
 #endif

@@ -435,9 +435,12 @@ static int use_compact(size_t wide, size_t compact) {
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
 }
-/* The chunk kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk 64
- * run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
- * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path) */
+/* The version-2 kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk
+ * 64 run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
+ * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path). Measured on
+ * the H200 (chunk kernels only, against KDA_KDA_KV=0 in one run): fwd+bwd (8,2048,16,128)
+ * 5.89 -> 5.23 ms, (1,8192,16,128) 3.67 -> 3.33, (32,512,4,64) 0.762 -> 0.655, (8,512,4,64)
+ * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128) */
 static int kv_spec(const kda_kda_args *a) {
   const char *e = getenv("KDA_KDA_KV");
   if (e && strcmp(e, "0") == 0) return 0;
@@ -554,8 +557,9 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
-    if (smem_opt_in((const void *)k_state_fwd_tc_p, sm, a, op, "k_state_fwd_tc_p")) return -1;
-    k_state_fwd_tc_p<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
+    auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv_spec(a));
+    if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc_p")) return -1;
+    kern<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
     return 0;
   }
@@ -567,13 +571,15 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_state_db(a, smd)) {
-      if (smem_opt_in((const void *)k_state_fwd_tc_db, smd, a, op, "k_state_fwd_tc_db")) return -1;
-      k_state_fwd_tc_db<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      auto kern = k_state_fwd_tc_pick(ST_DB, kv_spec(a));
+      if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
+      kern<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
       return 0;
     }
-    if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
-    k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
+    auto kern = k_state_fwd_tc_pick(ST_FAST, kv_spec(a));
+    if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc")) return -1;
+    kern<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
     return 0;
   }
@@ -611,10 +617,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
     if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
-      if (smem_opt_in((const void *)k_state_bwd_tc_db, smd, a, op, "k_state_bwd_tc_db")) return -1;
-      k_state_bwd_tc_db<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
+      auto kdb = k_state_bwd_tc_db_pick(kv_spec(a));
+      if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
+      kdb<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
     } else {
-      auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
+      auto kst = k_state_bwd_tc_pick(prec, kv_spec(a));
       if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
       /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
        * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:

@@ -31,8 +31,10 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
 template <int KV> static __device__ __forceinline__ void kv_fix(kp &p) {
   if constexpr (KV > 0) p.K = p.V = KV, p.C = 64;
 }
-/* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments first */
+/* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
+ * first (KV_SLOTS1: KV its only one) */
 #define KV_SLOTS(kern, ...) {kern<__VA_ARGS__, 0>, kern<__VA_ARGS__, 64>, kern<__VA_ARGS__, 128>}
+#define KV_SLOTS1(kern) {kern<0>, kern<64>, kern<128>}
 static inline int kv_slot(int kv) { return kv == 128 ? 2 : kv == 64 ? 1 : 0; }
 
 /* BT (kda_tile.cuh) is the block's threads: NTC for the chunk kernels and the backward state
