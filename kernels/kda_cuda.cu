@@ -440,7 +440,9 @@ static int use_compact(size_t wide, size_t compact) {
  * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path). Measured on
  * the H200 (chunk kernels only, against KDA_KDA_KV=0 in one run): fwd+bwd (8,2048,16,128)
  * 5.89 -> 5.23 ms, (1,8192,16,128) 3.67 -> 3.33, (32,512,4,64) 0.762 -> 0.655, (8,512,4,64)
- * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128) */
+ * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128). The state passes
+ * too (against the chunk kernels' alone, one run): fwd+bwd 5.27 -> 5.13, 3.35 -> 3.20, 0.66 ->
+ * 0.64, 0.220 -> 0.210; precise 10.13 -> 9.65 */
 static int kv_spec(const kda_kda_args *a) {
   const char *e = getenv("KDA_KDA_KV");
   if (e && strcmp(e, "0") == 0) return 0;
@@ -631,11 +633,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
        * outnumber the SMs (more than one wave) and two blocks' tiles fit an SM (K <= 64), 256
        * threads run two an SM, one wave where there were two (the KDA hybrid at 64x512: four
        * waves -> two). KDA_KDA_THREADS=state_bwd=N overrides. Measured on the H200 against
-       * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms */
+       * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms. The
+       * K = V = 64 / 128 instantiations (kv_spec) need 63 registers, so two blocks of 512 fit:
+       * they keep 512, (32,512,4,64) 0.997 -> 0.986 ms against 256 */
       int dev, nsm = 0, sbt = NTC;
       if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         cudaGetLastError(), nsm = 0;
-      if (prec && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
+      if (prec && !kv_spec(a) && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
       kst<<<state_grid(a), chunk_threads("state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
