@@ -202,35 +202,24 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
 size_t smem_final_tc_compact(int64_t C, int64_t K);
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt);
-__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt);
-__global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt);
-__global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt);
-__global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
-                                                           float *dh0);
-__global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht);
-__global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
-                                                     const float *dht, float *dh0, int kept);
-__global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
-                                                       const float *dht, float *dh0, int kept);
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep);
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep);
-__global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w);
-__global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w);
-__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_cm(kp p, const void *v, const void *dout, void *dv, ws w);
-__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_p_cm(kp p, const void *v, const void *dout, void *dv, ws w);
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
-                                                        const float *A_log, const float *dt_bias,
-                                                        void *dg, void *dbeta, ws w);
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
-                                                          const float *A_log, const float *dt_bias,
-                                                          void *dg, void *dbeta, ws w);
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_cm(kp p, const void *g, const void *beta,
-                                                           const float *A_log, const float *dt_bias,
-                                                           void *dg, void *dbeta, ws w);
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p_cm(kp p, const void *g, const void *beta,
-                                                             const float *A_log, const float *dt_bias,
-                                                             void *dg, void *dbeta, ws w);
+/* the chunk kernels (templates in kda_tc.cu, kda_tc_bwd.cu) by their instantiation: pr the
+ * precise twin, cm the compact layout, kv the shape specialisation (kv_spec in kda_cuda.cu) */
+typedef void (*intra_tc_fn)(kp, const void *, ws, int);
+typedef void (*rows_tc_fn)(kp, const void *, ws, int);
+typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
+typedef void (*final_tc_fn)(kp, const void *, const void *, const float *, const float *, void *, void *, ws);
+intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
+rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
+mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
+final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
+/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
+ * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
+ * with two tile sets */
+typedef void (*state_fwd_fn)(kp, ws, const float *, void *, float *);
+typedef void (*state_bwd_fn)(kp, ws, const float *, const void *, const float *, float *, int);
+typedef void (*state_bwd_db_fn)(kp, ws, const void *, const float *, float *);
+enum { ST_FAST, ST_DB, ST_PRECISE };
+state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
+state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
 #endif

@@ -435,6 +435,19 @@ static int use_compact(size_t wide, size_t compact) {
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
 }
+/* The version-2 kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk
+ * 64 run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
+ * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path). Measured on
+ * the H200 (chunk kernels only, against KDA_KDA_KV=0 in one run): fwd+bwd (8,2048,16,128)
+ * 5.89 -> 5.23 ms, (1,8192,16,128) 3.67 -> 3.33, (32,512,4,64) 0.762 -> 0.655, (8,512,4,64)
+ * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128). The state passes
+ * too (against the chunk kernels' alone, one run): fwd+bwd 5.27 -> 5.13, 3.35 -> 3.20, 0.66 ->
+ * 0.64, 0.220 -> 0.210; precise 10.13 -> 9.65 */
+static int kv_spec(const kda_kda_args *a) {
+  const char *e = getenv("KDA_KDA_KV");
+  if (e && strcmp(e, "0") == 0) return 0;
+  return a->chunk == 64 && a->K == a->V && (a->K == 64 || a->K == 128) ? (int)a->K : 0;
+}
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
  * turns it off (read per call: the test's fourth path) */
@@ -495,7 +508,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     if (vt) sm = smv;
     size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V);
     if (al && use_compact(sm, smc)) vt = 2, sm = smc;
-    auto kern = vt == 2 ? (prec ? k_intra_tc_p_cm : k_intra_tc_cm) : prec ? k_intra_tc_p : k_intra_tc;
+    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
@@ -546,8 +559,9 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
-    if (smem_opt_in((const void *)k_state_fwd_tc_p, sm, a, op, "k_state_fwd_tc_p")) return -1;
-    k_state_fwd_tc_p<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
+    auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv_spec(a));
+    if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc_p")) return -1;
+    kern<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
     return 0;
   }
@@ -559,13 +573,15 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_state_db(a, smd)) {
-      if (smem_opt_in((const void *)k_state_fwd_tc_db, smd, a, op, "k_state_fwd_tc_db")) return -1;
-      k_state_fwd_tc_db<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      auto kern = k_state_fwd_tc_pick(ST_DB, kv_spec(a));
+      if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
+      kern<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
       return 0;
     }
-    if (smem_opt_in((const void *)k_state_fwd_tc, sm, a, op, "k_state_fwd_tc")) return -1;
-    k_state_fwd_tc<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
+    auto kern = k_state_fwd_tc_pick(ST_FAST, kv_spec(a));
+    if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc")) return -1;
+    kern<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
     return 0;
   }
@@ -603,10 +619,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
     if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
-      if (smem_opt_in((const void *)k_state_bwd_tc_db, smd, a, op, "k_state_bwd_tc_db")) return -1;
-      k_state_bwd_tc_db<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
+      auto kdb = k_state_bwd_tc_db_pick(kv_spec(a));
+      if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
+      kdb<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
     } else {
-      auto kst = prec ? k_state_bwd_tc_p : k_state_bwd_tc;
+      auto kst = k_state_bwd_tc_pick(prec, kv_spec(a));
       if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
       /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
        * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
@@ -616,11 +633,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
        * outnumber the SMs (more than one wave) and two blocks' tiles fit an SM (K <= 64), 256
        * threads run two an SM, one wave where there were two (the KDA hybrid at 64x512: four
        * waves -> two). KDA_KDA_THREADS=state_bwd=N overrides. Measured on the H200 against
-       * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms */
+       * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms. The
+       * K = V = 64 / 128 instantiations (kv_spec) need 63 registers, so two blocks of 512 fit:
+       * they keep 512, (32,512,4,64) 0.997 -> 0.986 ms against 256 */
       int dev, nsm = 0, sbt = NTC;
       if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         cudaGetLastError(), nsm = 0;
-      if (prec && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
+      if (prec && !kv_spec(a) && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
       kst<<<state_grid(a), chunk_threads("state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
@@ -630,20 +649,22 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const char *rs = getenv("KDA_KDA_ROWS_SEP");
     int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
     sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
-    auto krw = prec ? k_bwd_rows_tc_p : k_bwd_rows_tc;
+    auto krw = k_bwd_rows_tc_pick(prec, kv_spec(a));
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
      * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
      * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
-     * block an SM by its tiles, 256 threads lost 2.3% */
-    int rt = chunk_threads("rows", !prec && 2 * sm <= smem_per_sm() ? 256 : NTC);
+     * block an SM by its tiles, 256 threads lost 2.3%. The K = V = 64 instantiation (kv_spec)
+     * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
+     * (8,512,4,64) 0.218 -> 0.214 */
+    int rt = chunk_threads("rows", !prec && !kv_spec(a) && 2 * sm <= smem_per_sm() ? 256 : NTC);
     krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
-    auto kmt = mcm ? (prec ? k_bwd_mat_tc_p_cm : k_bwd_mat_tc_cm) : prec ? k_bwd_mat_tc_p : k_bwd_mat_tc;
+    auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv_spec(a));
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
@@ -651,7 +672,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
     if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
-    auto kfn = fcm ? (prec ? k_bwd_final_tc_p_cm : k_bwd_final_tc_cm) : prec ? k_bwd_final_tc_p : k_bwd_final_tc;
+    auto kfn = k_bwd_final_tc_pick(prec, fcm, kv_spec(a));
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */

@@ -130,9 +130,10 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-template <bool PR, bool CM>
+template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
+  kv_fix<KV>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -333,10 +334,13 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   else mma_tf1(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, uout);
   PH(9);
 }
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<false, false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_p(kp p, const void *v, ws w, int vt) { intra_tc<true, false>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_cm(kp p, const void *v, ws w, int vt) { intra_tc<false, true>(p, v, w, vt); }
-__global__ void __launch_bounds__(NTC) k_intra_tc_p_cm(kp p, const void *v, ws w, int vt) { intra_tc<true, true>(p, v, w, vt); }
+template <bool PR, bool CM, int KV>
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<PR, CM, KV>(p, v, w, vt); }
+intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
+  static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
+                                         {KV_SLOTS(k_intra_tc, true, false), KV_SLOTS(k_intra_tc, true, true)}};
+  return t[pr][cm][kv_slot(kv)];
+}
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
 /* smem: W, s qg, kg [C][KB], Aqk [C][CB] of type T (bf16; fp32 in the precise backward, whose
@@ -563,8 +567,10 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
  * once Vn's bf16 shadow is formed) right after Vn; W, s qg, Aqk after o; e^{G_last} rides in a
  * register from the top to the end of o. It staged kg, U and e^{G_last} at the top and waited
  * for them there: H200, (8,2048,16,128), that wait was 164k of the pass's 472k cycles a block. */
+template <int KV>
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
+  kv_fix<KV>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int cf = b.cf, cl = b.cl;
@@ -618,8 +624,10 @@ size_t smem_state_tc_db(int64_t C, int64_t K) {
   int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4;
   return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
 }
+template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
+  kv_fix<KV>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int cf = b.cf, cl = b.cl;
@@ -724,12 +732,13 @@ static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, co
 
 /* PR: the precise backward (fp32 tiles from k_intra_tc_p, every product in P_3TF32): S, Vn,
  * dS, dVn, which every gradient and dg are built from, to fp32-level accuracy */
-template <bool PR>
+template <bool PR, int KV>
 static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                     const float *dht, float *dh0, int kept) {
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
+  kv_fix<KV>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int cf = b.cf, cl = b.cl;
@@ -795,13 +804,14 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   __syncthreads();
   if (dh0) st_st(p, dh0, b.sbase, c0, t);
 }
+template <bool PR, int KV>
 __global__ void __launch_bounds__(NTC) k_state_bwd_tc(kp p, ws w, const float *h0, const void *dout,
                                                      const float *dht, float *dh0, int kept) {
-  state_bwd_tc<false>(p, w, h0, dout, dht, dh0, kept);
+  state_bwd_tc<PR, KV>(p, w, h0, dout, dht, dh0, kept);
 }
-__global__ void __launch_bounds__(NTC) k_state_bwd_tc_p(kp p, ws w, const float *h0, const void *dout,
-                                                       const float *dht, float *dh0, int kept) {
-  state_bwd_tc<true>(p, w, h0, dout, dht, dh0, kept);
+state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv) {
+  static const state_bwd_fn t[2][3] = {KV_SLOTS(k_state_bwd_tc, false), KV_SLOTS(k_state_bwd_tc, true)};
+  return t[pr][kv_slot(kv)];
 }
 /* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
  * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
@@ -812,9 +822,11 @@ size_t smem_state_bwd_tc_db(int64_t C, int64_t K) {
   int64_t KB = r16(K) + 8, CB = C + 8, DB = BVT + 8;
   return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
 }
+template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
                                                            float *dh0) {
   extern __shared__ __align__(16) float sm[];
+  kv_fix<KV>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int cf = b.cf, cl = b.cl;
@@ -863,14 +875,26 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
 /* The precise forward of a kept call (kda_kda_args.keep with a parameterised gate, whose
  * backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
+template <int KV>
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
+  kv_fix<KV>(p);
   const st_blk b = st_block(p, w);
   st_tiles<float> t = st_carve<float>(p, sm);
   PH_INIT(1);
   st_fwd_sweep<true>(p, w, t, h0, b, o, 1);
   __syncthreads();
   if (ht) st_st(p, ht, b.sbase, b.c0, t);
+}
+
+/* the forward state pass's kernel by form (ST_FAST, ST_DB, ST_PRECISE) and kv (kv_spec) */
+state_fwd_fn k_state_fwd_tc_pick(int form, int kv) {
+  static const state_fwd_fn t[3][3] = {KV_SLOTS1(k_state_fwd_tc), KV_SLOTS1(k_state_fwd_tc_db), KV_SLOTS1(k_state_fwd_tc_p)};
+  return t[form][kv_slot(kv)];
+}
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv) {
+  static const state_bwd_db_fn t[3] = KV_SLOTS1(k_state_bwd_tc_db);
+  return t[kv_slot(kv)];
 }
 
 /* ---- phase timers (KDA_PHASES builds; see kda_common.cuh) ---------------------------------- */

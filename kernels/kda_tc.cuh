@@ -22,6 +22,21 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
+/* Shape-specialised instantiations: every chunk kernel (intra, rows, mat, final) takes KV. 0
+ * reads K, V and the chunk C from kp at run time; 64 or 128 fixes K = V = KV and C = 64 at
+ * compile time (the host's kv_spec picks it), so tile strides fold into the shared-memory
+ * addresses' immediates, the e / K, e % K index splits become shifts and masks, and loops of
+ * fixed count unroll. Why: ncu of the run-time forms at (8,2048,16,128) counted integer and
+ * address instructions over half of k_bwd_final_tc's and k_intra_tc's (HMMA 0.5-1.3%). */
+template <int KV> static __device__ __forceinline__ void kv_fix(kp &p) {
+  if constexpr (KV > 0) p.K = p.V = KV, p.C = 64;
+}
+/* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
+ * first (KV_SLOTS1: KV its only one) */
+#define KV_SLOTS(kern, ...) {kern<__VA_ARGS__, 0>, kern<__VA_ARGS__, 64>, kern<__VA_ARGS__, 128>}
+#define KV_SLOTS1(kern) {kern<0>, kern<64>, kern<128>}
+static inline int kv_slot(int kv) { return kv == 128 ? 2 : kv == 64 ? 1 : 0; }
+
 /* BT (kda_tile.cuh) is the block's threads: NTC for the chunk kernels and the backward state
  * passes, NT for the forward state pass (the helpers serve both) */
 

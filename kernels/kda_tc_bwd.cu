@@ -97,9 +97,10 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
       }
   }
 }
-template <bool PR>
+template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
+  kv_fix<KV>(p);
   extern __shared__ __align__(16) float sm[];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
@@ -170,11 +171,13 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   }
   PH(4);
 }
+template <bool PR, int KV>
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
-  bwd_rows_tc<false>(p, dout, w, sep);
+  bwd_rows_tc<PR, KV>(p, dout, w, sep);
 }
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc_p(kp p, const void *dout, ws w, int sep) {
-  bwd_rows_tc<true>(p, dout, w, sep);
+rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
+  static const rows_tc_fn t[2][3] = {KV_SLOTS(k_bwd_rows_tc, false), KV_SLOTS(k_bwd_rows_tc, true)};
+  return t[pr][kv_slot(kv)];
 }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.
@@ -203,9 +206,10 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   int64_t CS = C + 4, VS = r16(V) + 4, KS = r16(K) + 4, r1 = C * (VS > CS ? VS : CS);
   return (size_t)(2 * C * (r16(V) + 8)) * 2 + (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C) * 4;
 }
-template <bool PR, bool CM>
+template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
+  kv_fix<KV>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -326,17 +330,15 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   }
   PH(7);
 }
-__global__ void __launch_bounds__(NTC) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<false, false>(p, v, dout, dv, w);
+/* compact: two blocks an SM (64 registers a thread at 512) */
+template <bool PR, bool CM, int KV>
+__global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  bwd_mat_tc<PR, CM, KV>(p, v, dout, dv, w);
 }
-__global__ void __launch_bounds__(NTC) k_bwd_mat_tc_p(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<true, false>(p, v, dout, dv, w);
-}
-__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_cm(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<false, true>(p, v, dout, dv, w);
-}
-__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_p_cm(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<true, true>(p, v, dout, dv, w);
+mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
+  static const mat_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_mat_tc, false, false), KV_SLOTS(k_bwd_mat_tc, false, true)},
+                                       {KV_SLOTS(k_bwd_mat_tc, true, false), KV_SLOTS(k_bwd_mat_tc, true, true)}};
+  return t[pr][cm][kv_slot(kv)];
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
@@ -353,10 +355,11 @@ size_t smem_final_tc(int64_t C, int64_t K) {
  * 256 threads (128 registers). */
 size_t smem_final_tc_compact(int64_t C, int64_t K) { return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4; }
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
-template <bool PR, bool CM>
+template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
                                                     const float *dt_bias, void *dg, void *dbeta, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
+  kv_fix<KV>(p);
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
@@ -617,25 +620,15 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   PH(9);
 }
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta,
-                                                        const float *A_log, const float *dt_bias,
-                                                        void *dg, void *dbeta, ws w) {
-  bwd_final_tc<false, false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+template <bool PR, bool CM, int KV>
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
+                                                        const float *dt_bias, void *dg, void *dbeta, ws w) {
+  bwd_final_tc<PR, CM, KV>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p(kp p, const void *g, const void *beta,
-                                                          const float *A_log, const float *dt_bias,
-                                                          void *dg, void *dbeta, ws w) {
-  bwd_final_tc<true, false>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
-}
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_cm(kp p, const void *g, const void *beta,
-                                                           const float *A_log, const float *dt_bias,
-                                                           void *dg, void *dbeta, ws w) {
-  bwd_final_tc<false, true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
-}
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc_p_cm(kp p, const void *g, const void *beta,
-                                                             const float *A_log, const float *dt_bias,
-                                                             void *dg, void *dbeta, ws w) {
-  bwd_final_tc<true, true>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
+  static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
+                                         {KV_SLOTS(k_bwd_final_tc, true, false), KV_SLOTS(k_bwd_final_tc, true, true)}};
+  return t[pr][cm][kv_slot(kv)];
 }
 
 #ifdef KDA_PHASES
