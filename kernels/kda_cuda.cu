@@ -388,11 +388,25 @@ static int use_precise(const kda_kda_args *a, int gate_grads) {
   return a->gate_mode != 0 && gate_grads;
 }
 
-/* threads a block for the chunk kernel `name` (intra, rows, mat, final; state_bwd): `dflt` unless
- * KDA_KDA_THREADS names it, e.g. "rows=256/final=256" (for measuring: the kernels take their
- * block size from blockDim, any multiple of 32 from 128 up to NTC runs them) */
-static int chunk_threads(const char *name, int dflt) {
-  const char *e = getenv("KDA_KDA_THREADS"), *at = e ? strstr(e, name) : NULL;
+/* The version-2 kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk
+ * 64 run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
+ * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path). Measured on
+ * the H200 (chunk kernels only, against KDA_KDA_KV=0 in one run): fwd+bwd (8,2048,16,128)
+ * 5.89 -> 5.23 ms, (1,8192,16,128) 3.67 -> 3.33, (32,512,4,64) 0.762 -> 0.655, (8,512,4,64)
+ * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128). The state passes
+ * too (against the chunk kernels' alone, one run): fwd+bwd 5.27 -> 5.13, 3.35 -> 3.20, 0.66 ->
+ * 0.64, 0.220 -> 0.210; precise 10.13 -> 9.65 */
+static int kv_spec(const kda_kda_args *a) {
+  const char *e = getenv("KDA_KDA_KV");
+  if (e && strcmp(e, "0") == 0) return 0;
+  return a->chunk == 64 && a->K == a->V && (a->K == 64 || a->K == 128) ? (int)a->K : 0;
+}
+/* threads a block for the version-2 kernel `name` (intra, rows, mat, final, state_fwd,
+ * state_bwd): `dflt` unless KDA_KDA_THREADS names it, e.g. "rows=256/final=256" (for measuring:
+ * the run-time forms take their block size from blockDim, any multiple of 32 from 128 up to
+ * NTC runs them); the KV instantiations are compiled for `dflt` (kv_fix) and ignore it */
+static int chunk_threads(const kda_kda_args *a, const char *name, int dflt) {
+  const char *e = getenv("KDA_KDA_THREADS"), *at = e && !kv_spec(a) ? strstr(e, name) : NULL;
   size_t len = strlen(name);
   if (!at || at[len] != '=') return dflt;
   int t = atoi(at + len + 1);
@@ -434,19 +448,6 @@ static int use_compact(size_t wide, size_t compact) {
   const char *e = getenv("KDA_KDA_COMPACT");
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
-}
-/* The version-2 kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk
- * 64 run instantiations with those sizes fixed at compile time, other shapes the run-time ones;
- * KDA_KDA_KV=0 forces the run-time ones (read per call: the test's fourth path). Measured on
- * the H200 (chunk kernels only, against KDA_KDA_KV=0 in one run): fwd+bwd (8,2048,16,128)
- * 5.89 -> 5.23 ms, (1,8192,16,128) 3.67 -> 3.33, (32,512,4,64) 0.762 -> 0.655, (8,512,4,64)
- * 0.245 -> 0.218; the precise backward 11.14 -> 10.11 ms at (8,2048,16,128). The state passes
- * too (against the chunk kernels' alone, one run): fwd+bwd 5.27 -> 5.13, 3.35 -> 3.20, 0.66 ->
- * 0.64, 0.220 -> 0.210; precise 10.13 -> 9.65 */
-static int kv_spec(const kda_kda_args *a) {
-  const char *e = getenv("KDA_KDA_KV");
-  if (e && strcmp(e, "0") == 0) return 0;
-  return a->chunk == 64 && a->K == a->V && (a->K == 64 || a->K == 128) ? (int)a->K : 0;
 }
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
@@ -511,7 +512,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads("intra", NTC), sm, st>>>(p, v, w, vt);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -575,7 +576,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     if (use_state_db(a, smd)) {
       auto kern = k_state_fwd_tc_pick(ST_DB, kv_spec(a));
       if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
-      kern<<<state_grid(a), chunk_threads("state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      kern<<<state_grid(a), chunk_threads(a, "state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
       return 0;
     }
@@ -621,7 +622,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
       auto kdb = k_state_bwd_tc_db_pick(kv_spec(a));
       if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
-      kdb<<<state_grid(a), chunk_threads("state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
+      kdb<<<state_grid(a), chunk_threads(a, "state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
     } else {
       auto kst = k_state_bwd_tc_pick(prec, kv_spec(a));
       if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
@@ -640,7 +641,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         cudaGetLastError(), nsm = 0;
       if (prec && !kv_spec(a) && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
-      kst<<<state_grid(a), chunk_threads("state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
+      kst<<<state_grid(a), chunk_threads(a, "state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
     /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
@@ -657,7 +658,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * block an SM by its tiles, 256 threads lost 2.3%. The K = V = 64 instantiation (kv_spec)
      * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
      * (8,512,4,64) 0.218 -> 0.214 */
-    int rt = chunk_threads("rows", !prec && !kv_spec(a) && 2 * sm <= smem_per_sm() ? 256 : NTC);
+    int rt = chunk_threads(a, "rows", !prec && !kv_spec(a) && 2 * sm <= smem_per_sm() ? 256 : NTC);
     krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
@@ -667,7 +668,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv_spec(a));
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
-    kmt<<<gc, chunk_threads("mat", NTC), sm, st>>>(p, v, dout, dv, w);
+    kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
@@ -676,7 +677,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
-    kfn<<<gc, chunk_threads("final", fcm ? 256 : NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

@@ -133,7 +133,7 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
-  kv_fix<KV>(p);
+  kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -570,7 +570,7 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
 template <int KV>
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV>(p);
+  kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int cf = b.cf, cl = b.cl;
@@ -627,7 +627,7 @@ size_t smem_state_tc_db(int64_t C, int64_t K) {
 template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV>(p);
+  kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int cf = b.cf, cl = b.cl;
@@ -738,7 +738,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   typedef typename std::conditional<PR, float, sbf>::type T;
   constexpr int P = PR ? P_3TF32 : P_BF16;
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV>(p);
+  kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int cf = b.cf, cl = b.cl;
@@ -826,7 +826,7 @@ template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
                                                            float *dh0) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV>(p);
+  kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int cf = b.cf, cl = b.cl;
@@ -878,7 +878,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
 template <int KV>
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV>(p);
+  kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   st_tiles<float> t = st_carve<float>(p, sm);
   PH_INIT(1);

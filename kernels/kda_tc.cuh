@@ -28,8 +28,20 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
  * addresses' immediates, the e / K, e % K index splits become shifts and masks, and loops of
  * fixed count unroll. Why: ncu of the run-time forms at (8,2048,16,128) counted integer and
  * address instructions over half of k_bwd_final_tc's and k_intra_tc's (HMMA 0.5-1.3%). */
-template <int KV> static __device__ __forceinline__ void kv_fix(kp &p) {
-  if constexpr (KV > 0) p.K = p.V = KV, p.C = 64;
+/* NB > 0: the block size the host launches that instantiation with (the run-time forms read
+ * blockDim): fixed too, so the block-strided loops and the warp-tile loops (BT, blockDim / 32)
+ * have known counts; a launch with another size traps rather than run wrong. The chunk kernels
+ * fix it (H200, one run against KV alone: fwd+bwd (8,2048,16,128) 5.11 -> 5.10 ms, precise
+ * 9.60 -> 9.53, k_bwd_final_tc 83.8k -> 82.5k cycles a block); the state passes keep NB = 0:
+ * fixed, their registers rose (k_state_bwd_tc 64 -> 100, one block an SM) and fwd+bwd lost 3% */
+template <int KV, int NB> static __device__ __forceinline__ void kv_fix(kp &p) {
+  if constexpr (KV > 0) {
+    p.K = p.V = KV, p.C = 64;
+    if constexpr (NB > 0) {
+      if (blockDim.x != NB) __trap();
+      __builtin_assume(blockDim.x == NB);
+    }
+  }
 }
 /* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
  * first (KV_SLOTS1: KV its only one) */

@@ -100,7 +100,7 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
 template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
-  kv_fix<KV>(p);
+  kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
   int n = ct[2];
@@ -209,7 +209,7 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
-  kv_fix<KV>(p);
+  kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
   int n = ct[2];
@@ -359,7 +359,7 @@ template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
                                                     const float *dt_bias, void *dg, void *dbeta, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
-  kv_fix<KV>(p);
+  kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
   const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;

@@ -10,7 +10,8 @@
  * bit-identity of the backward (no float atomics). Every KDA case runs four times: the
  * tensor-core path (default: its precise backward when the gate has parameters), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
- * (KDA_KDA_PRECISE=1; its state pass at 256 threads, which large batches of small heads take),
+ * (KDA_KDA_PRECISE=1; its state pass at 256 threads where the run-time forms run, as large
+ * batches of small heads do; the K = V = 64 / 128 instantiations keep the size they are built for),
  * and the tensor-core path in its other layouts: the backward's rows
  * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
  * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the state passes
