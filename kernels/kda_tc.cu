@@ -612,6 +612,16 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   if (ht) st_st(p, ht, b.sbase, c0, t);
 }
 
+/* The _db passes' second tile set, after the whole single-set layout t: W, s qg, kg, Aqk,
+ * then the fp32 U / Vn tile (fwd, the forward pass) or dO (the reverse sweep) */
+static __device__ __forceinline__ st_tiles<sbf> st_carve_db(const kp &p, const st_tiles<sbf> &t, bool fwd) {
+  st_tiles<sbf> s = t;
+  s.W = (sbf *)(t.en + t.K16), s.qg = s.W + p.C * t.KB, s.kg = s.qg + p.C * t.KB, s.A = s.kg + p.C * t.KB;
+  if (fwd) s.Vn = (float *)(s.A + p.C * t.CB);
+  else s.dO = s.A + p.C * t.CB;
+  return s;
+}
+
 /* The same pass with a second set of chunk tiles (W, s qg, kg, Aqk and U: smem_state_tc_db),
  * for grids of at most one block an SM (the long sequences' few heads, small batches): every
  * tile of chunk ci + 1 is staged at the top of step ci, a whole step ahead of its use, where
@@ -631,11 +641,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm);
-  st_tiles<sbf> t1s = t0s;                         /* the second set after the whole layout */
-  t1s.W = (sbf *)(t0s.en + t0s.K16), t1s.qg = t1s.W + p.C * t0s.KB;
-  t1s.kg = t1s.qg + p.C * t0s.KB, t1s.A = t1s.kg + p.C * t0s.KB;
-  t1s.Vn = (float *)(t1s.A + p.C * t0s.CB);
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, true);
   PH_INIT(1);
   st_ld(p, h0, b.sbase, c0, t0s);
   constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
@@ -830,10 +836,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm);
-  st_tiles<sbf> t1s = t0s;                         /* the second set after the whole layout */
-  t1s.W = (sbf *)(t0s.en + t0s.K16), t1s.qg = t1s.W + p.C * t0s.KB;
-  t1s.kg = t1s.qg + p.C * t0s.KB, t1s.A = t1s.kg + p.C * t0s.KB, t1s.dO = t1s.A + p.C * t0s.CB;
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, false);
   PH_INIT(2);
   st_ld(p, dht, b.sbase, c0, t0s);                 /* t.S now holds dS (§4.2) */
   constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
