@@ -198,14 +198,14 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       int j = e / K4, d = (e % K4) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(X + j * KS + d) = rnd(make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
-                                                    kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w)));
+      *(float4 *)(X + j * KS + d) = rnd(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+                                                    kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
     }
     for (int e = tid; e < 16 * K4; e += BT) {      /* Y = [q_i; k_i] e^{G_i - G_r}, i in block I */
       int ii = e / K4, d = (e % K4) * 4, i = r + ii;
       float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
-      float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+      float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
       *(float4 *)(Y + ii * KS + d) = rnd(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
       *(float4 *)(Y + (16 + ii) * KS + d) = rnd(make_float4(ki.x * sc.x, ki.y * sc.y, ki.z * sc.z, ki.w * sc.w));
     }
@@ -236,15 +236,15 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       float4 gi = *(const float4 *)(Gs + i * KS + d), gj = *(const float4 *)(Gs + j * KS + d);
       float4 kj = *(const float4 *)(ks + j * KS + d), qi = *(const float4 *)(qs + i * KS + d);
       float4 ki = *(const float4 *)(ks + i * KS + d);
-      float x0 = __expf(gi.x - gj.x) * kj.x, x1 = __expf(gi.y - gj.y) * kj.y;
-      float x2 = __expf(gi.z - gj.z) * kj.z, x3 = __expf(gi.w - gj.w) * kj.w;
+      float x0 = kexp(gi.x - gj.x) * kj.x, x1 = kexp(gi.y - gj.y) * kj.y;
+      float x2 = kexp(gi.z - gj.z) * kj.z, x3 = kexp(gi.w - gj.w) * kj.w;
       aq += qi.x * x0, ak += ki.x * x0;
       aq += qi.y * x1, ak += ki.y * x1;
       aq += qi.z * x2, ak += ki.z * x2;
       aq += qi.w * x3, ak += ki.w * x3;
     }
     for (; d < K; d++) {
-      float x = __expf(Gs[i * KS + d] - Gs[j * KS + d]) * ks[j * KS + d];
+      float x = kexp(Gs[i * KS + d] - Gs[j * KS + d]) * ks[j * KS + d];
       aq += qs[i * KS + d] * x, ak += ks[i * KS + d] * x;
     }
     As[i * CS + j] = p.scale * aq;
@@ -291,7 +291,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     float k4[4] = {kr.x, kr.y, kr.z, kr.w}, q4[4] = {qr.x, qr.y, qr.z, qr.w}, kg[4], qg[4];
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      float a = k4[u] * __expf(n4[u] - g4[u]), b = q4[u] * __expf(g4[u]);
+      float a = k4[u] * kexp(n4[u] - g4[u]), b = q4[u] * kexp(g4[u]);
       kg[u] = d + u < K ? a : 0.f, qg[u] = d + u < K ? p.scale * b : 0.f;
     }
     float4 kg4 = make_float4(kg[0], kg[1], kg[2], kg[3]), qg4 = make_float4(qg[0], qg[1], qg[2], qg[3]);
@@ -302,7 +302,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   PH(6);
   for (int e = tid; e < C * K16; e += BT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
     int r = e / K16, d = e % K16;
-    float kb = ks[r * KS + d] * (bs[r] * __expf(Gs[r * KS + d]));
+    float kb = ks[r * KS + d] * (bs[r] * kexp(Gs[r * KS + d]));
     ks[r * KS + d] = PR ? kb : tf32r(kb);
     if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
   }
@@ -553,9 +553,9 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
 #pragma unroll
   for (int u = 0; u < 2; u++) {
     int d = threadIdx.x + u * BT;
-    if (d < t.K16) t.en[d] = d < p.K ? __expf(g.v[u]) : 0.f;
+    if (d < t.K16) t.en[d] = d < p.K ? kexp(g.v[u]) : 0.f;
   }
-  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? __expf(g.row[d]) : 0.f;
+  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? kexp(g.row[d]) : 0.f;
 }
 
 /* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the

@@ -125,11 +125,11 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   __syncthreads();
   PH(1);
   auto dq_out = [&](int i, int d, float x) {
-    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * __expf(Gs[i * GS + d]);
+    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * kexp(Gs[i * GS + d]);
   };
   auto dw_out = [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; };
   auto dki_out = [&](int i, int d, float x) {
-    if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * __expf(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
+    if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
   };
   /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
    * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
@@ -323,7 +323,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     for (int64_t c = lane; c < V; c += 32) acc += w.dvn[ROWI(j) * V + c];
     for (int64_t d = lane; d < K; d += 32) {
       int64_t gi = ROWI(j) * K + d;
-      acc += w.dKb[gi] * w.kn[gi] * __expf(w.G[gi]);
+      acc += w.dKb[gi] * w.kn[gi] * kexp(w.G[gi]);
     }
     acc = kc_warp_sum(acc);
     if (!lane) w.db[ROWI(j)] = acc;
@@ -417,7 +417,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
     __syncthreads();
     for (int d = tid; d < K; d += BT) {
-      float acc = __expf(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
+      float acc = kexp(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
       for (int gq = 0; gq < ng; gq++) acc += X[gq * KS + d];
       dGn[d] = acc;
     }
@@ -445,7 +445,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
 #pragma unroll
       for (int j = 0; j <= i; j++) {
-        float E = __expf(gr[i] - gr[j]), kj = kr[j] * E, a = dAr[j];
+        float E = kexp(gr[i] - gr[j]), kj = kr[j] * E, a = dAr[j];
         dqi[i] += a * kj;
         if (j < i) {
           float l = dLr[j];
@@ -469,7 +469,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         int i = i0 + u;
         if (I0 + i >= n) break;
         int gi = (I0 + i) * RS + d;
-        float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = __expf(Gs[(I0 + i) * KS + d]),
+        float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = kexp(Gs[(I0 + i) * KS + d]),
               b = bs[I0 + i];                      /* reloaded: gr, kr die after the pair loop */
         float dG0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
         dQg[gi] = dq0[u] + dqi[i];
@@ -488,8 +488,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(X + j * KS + d) = make_float4(kj.x * __expf(gr.x - gj.x), kj.y * __expf(gr.y - gj.y),
-                                                kj.z * __expf(gr.z - gj.z), kj.w * __expf(gr.w - gj.w));
+      *(float4 *)(X + j * KS + d) = make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+                                                kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w));
     }
     __syncthreads();
     PH(3);
@@ -513,7 +513,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 #pragma unroll
                      for (int u = 0; u < 4; u++)
                        if (ok[u]) {
-                         float y = x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                         float y = x[u] * kexp(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
                          dQg[gi[u]] = a[u] + y, dGs[iv[u] * KS + dv[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
                        }
                    } else {
@@ -522,7 +522,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                        if (ok[u]) a[u] = dKbg[gi[u]];
 #pragma unroll
                      for (int u = 0; u < 4; u++)
-                       if (ok[u]) dKbg[gi[u]] = a[u] + x[u] * __expf(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
+                       if (ok[u]) dKbg[gi[u]] = a[u] + x[u] * kexp(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
                    }
                  });
     PH(4);
@@ -538,7 +538,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
                qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
         float b = bs[i];
-        float4 sc = make_float4(__expf(gi.x - gr.x), __expf(gi.y - gr.y), __expf(gi.z - gr.z), __expf(gi.w - gr.w));
+        float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
         x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
         x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
       }
@@ -568,7 +568,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 #pragma unroll
                    for (int u = 0; u < 4; u++)
                      if (ok[u]) {
-                       float y = x[u] * __expf(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
+                       float y = x[u] * kexp(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
                        dKig[gj[u]] = a[u] + y, dGs[jv[u] * KS + dv[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
                      }
                  });
