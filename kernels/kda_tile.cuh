@@ -19,7 +19,9 @@
  * test and two predicated multiplies around each MUFU.EX2, kept so that results below 2^-126
  * come out denormal). Here such results only scale values of order one into fp32 sums, so
  * flushing them to zero changes nothing; ncu of k_bwd_final_tc at (8,2048,16,128) counted the
- * wrapper's FSETP alone at 6.4% of its instructions. */
+ * wrapper's FSETP alone at 6.4% of its instructions. H200, one run against __expf: fwd+bwd
+ * (8,2048,16,128) 5.10 -> 5.05 ms, (1,8192,16,128) 3.19 -> 3.14, precise 9.52 -> 9.43; the
+ * small shapes within noise (0.636 -> 0.635, 0.205 -> 0.207). */
 static __device__ __forceinline__ float kexp(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
