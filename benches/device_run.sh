@@ -27,7 +27,9 @@
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry
 #   ncu_source one kernel of the bundle's kda_bench under ncu --set full (KERNEL regex, SHAPE
 #             0..3 as KDA_BENCH_SHAPE): its details page and its per-line CUDA source and SASS
-#             metrics as CSV (the KDA kernels are built with -lineinfo); not yet run
+#             metrics as CSV (the KDA kernels are built with -lineinfo), and benches/ncu_sass_mix.py's
+#             stall / opcode summary of the SASS page (session 15 ran the same steps inline: the
+#             CUDA-source page came back without metrics, the SASS page with them)
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -165,7 +167,8 @@ if [ "$MODE" = ncu_source ]; then
   ncu -i /tmp/kda_prof.ncu-rep --page details > "$OUT/ncu_details.txt" 2>&1
   ncu -i /tmp/kda_prof.ncu-rep --page source --csv --print-source cuda > "$OUT/ncu_source_cuda.csv" 2>&1
   ncu -i /tmp/kda_prof.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_source_sass.csv" 2>&1
-  xz -f "$OUT"/ncu_source_*.csv; ls -la "$OUT"; head -60 "$OUT/ncu_details.txt"
+  python3 benches/ncu_sass_mix.py "$OUT/ncu_source_sass.csv" > "$OUT/ncu_mix.txt" 2>&1
+  xz -f "$OUT"/ncu_source_*.csv; ls -la "$OUT"; head -60 "$OUT/ncu_details.txt"; cat "$OUT/ncu_mix.txt"
 fi
 
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
