@@ -550,7 +550,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (check_ws(a, a->keep ? 1 : 0, workspace, workspace_bytes, &w, op)) return -1;
   cudaStream_t st = (cudaStream_t)stream;
   kp p = make_kp(a);
-  int tc = use_tc(a, 0, 0);
+  int tc = use_tc(a, 0, 0), kv = kv_spec(a);
   /* keep: k_intra_tc also writes Kb, k_state_fwd_tc the per-chunk states and Vn (the backward's
    * fast path reads them instead of recomputing); only when that backward will run version 2.
    * A backward that will be precise (use_precise) gets the precise internals: k_intra_tc_p's
@@ -560,7 +560,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
   if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
-    auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv_spec(a));
+    auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv);
     if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc_p")) return -1;
     kern<<<state_grid(a), NTC, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc_p", "kda_kda_cuda_forward");
@@ -574,13 +574,13 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_state_db(a, smd)) {
-      auto kern = k_state_fwd_tc_pick(ST_DB, kv_spec(a));
+      auto kern = k_state_fwd_tc_pick(ST_DB, kv);
       if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
       kern<<<state_grid(a), chunk_threads(a, "state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
       return 0;
     }
-    auto kern = k_state_fwd_tc_pick(ST_FAST, kv_spec(a));
+    auto kern = k_state_fwd_tc_pick(ST_FAST, kv);
     if (smem_opt_in((const void *)kern, sm, a, op, "k_state_fwd_tc")) return -1;
     kern<<<state_grid(a), NT, sm, st>>>(p, w, h0, o, ht);
     LAUNCH_OK("k_state_fwd_tc", "kda_kda_cuda_forward");
@@ -611,7 +611,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   kp p = make_kp(a);
   int64_t NTu = n_chunks_max(a);
   int prec = use_precise(a, dA_log || ddt_bias);
-  int tc = use_tc(a, 1, prec);
+  int tc = use_tc(a, 1, prec), kv = kv_spec(a);
   /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace,
    * of the precision this backward runs at (what use_precise(a, 1) prepared), else recompute */
   int kept = a->keep && tc && use_precise(a, 1) == prec;
@@ -620,11 +620,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
     if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
-      auto kdb = k_state_bwd_tc_db_pick(kv_spec(a));
+      auto kdb = k_state_bwd_tc_db_pick(kv);
       if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
       kdb<<<state_grid(a), chunk_threads(a, "state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
     } else {
-      auto kst = k_state_bwd_tc_pick(prec, kv_spec(a));
+      auto kst = k_state_bwd_tc_pick(prec, kv);
       if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;
       /* 512 threads (NTC): measured against 256 on the H200, fwd+bwd (1,8192,16,128) 6.19 ->
        * 6.00 ms, the precise backward (8,2048,16,128) 15.16 -> 14.08 (one 161 KB block an SM:
@@ -640,7 +640,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       int dev, nsm = 0, sbt = NTC;
       if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         cudaGetLastError(), nsm = 0;
-      if (prec && !kv_spec(a) && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
+      if (prec && !kv && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
       kst<<<state_grid(a), chunk_threads(a, "state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
     LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
@@ -650,7 +650,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const char *rs = getenv("KDA_KDA_ROWS_SEP");
     int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
     sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
-    auto krw = k_bwd_rows_tc_pick(prec, kv_spec(a));
+    auto krw = k_bwd_rows_tc_pick(prec, kv);
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
      * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
@@ -658,14 +658,14 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * block an SM by its tiles, 256 threads lost 2.3%. The K = V = 64 instantiation (kv_spec)
      * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
      * (8,512,4,64) 0.218 -> 0.214 */
-    int rt = chunk_threads(a, "rows", !prec && !kv_spec(a) && 2 * sm <= smem_per_sm() ? 256 : NTC);
+    int rt = chunk_threads(a, "rows", !prec && !kv && 2 * sm <= smem_per_sm() ? 256 : NTC);
     krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
-    auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv_spec(a));
+    auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv);
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
     if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
@@ -673,7 +673,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
     if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
-    auto kfn = k_bwd_final_tc_pick(prec, fcm, kv_spec(a));
+    auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
