@@ -22,13 +22,14 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
-/* Shape-specialised instantiations: every chunk kernel (intra, rows, mat, final) takes KV. 0
- * reads K, V and the chunk C from kp at run time; 64 or 128 fixes K = V = KV and C = 64 at
- * compile time (the host's kv_spec picks it), so tile strides fold into the shared-memory
- * addresses' immediates, the e / K, e % K index splits become shifts and masks, and loops of
- * fixed count unroll. Why: ncu of the run-time forms at (8,2048,16,128) counted integer and
- * address instructions over half of k_bwd_final_tc's and k_intra_tc's (HMMA 0.5-1.3%). */
-/* NB > 0: the block size the host launches that instantiation with (the run-time forms read
+/* Shape-specialised instantiations: every version-2 kernel (the chunk kernels and the state
+ * passes) takes KV. 0 reads K, V and the chunk C from kp at run time; 64 or 128 fixes K = V = KV
+ * and C = 64 at compile time (the host's kv_spec picks it), so tile strides fold into the
+ * shared-memory addresses' immediates, the e / K, e % K index splits become shifts and masks,
+ * and loops of fixed count unroll. Why: ncu of the run-time forms at (8,2048,16,128) counted
+ * integer and address instructions over half of k_bwd_final_tc's and k_intra_tc's (HMMA
+ * 0.5-1.3%); measured gains at kv_spec in kda_cuda.cu.
+ * NB > 0: the block size the host launches that instantiation with (the run-time forms read
  * blockDim): fixed too, so the block-strided loops and the warp-tile loops (BT, blockDim / 32)
  * have known counts; a launch with another size traps rather than run wrong. The chunk kernels
  * fix it (H200, one run against KV alone: fwd+bwd (8,2048,16,128) 5.11 -> 5.10 ms, precise
