@@ -440,6 +440,20 @@ static size_t smem_per_sm(void) {
     cudaGetLastError(), rsv = 1024;
   return sm > 2 * rsv ? (size_t)(sm - 2 * rsv) : 0;
 }
+/* the device's SM count, 0 when it cannot be read */
+static int sm_count(void) {
+  int dev, n;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+/* version 2's state passes: one block per (sequence, value head, BVT value columns), the
+ * value tiles of a head adjacent (st_block in kda_tc.cu) */
+static dim3 state_grid(const kda_kda_args *a) {
+  return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + BVT - 1) / BVT)));
+}
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
  * not; KDA_KDA_COMPACT=0 turns them all off (read per call: the test's fourth path). Measured
@@ -452,16 +466,11 @@ static int use_compact(size_t wide, size_t compact) {
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
  * turns it off (read per call: the test's fourth path) */
-static dim3 state_grid(const kda_kda_args *a);
 static int use_state_db(const kda_kda_args *a, size_t db) {
   const char *e = getenv("KDA_KDA_STATE_DB");
-  int dev, nsm = 0;
   if (e && strcmp(e, "0") == 0) return 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
+  int nsm = sm_count();
+  return nsm && (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
 }
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
@@ -477,12 +486,6 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
     for (size_t y : x) if (y > need) need = y;
   }
   return need <= (size_t)lim;
-}
-
-/* version 2's state passes: one block per (sequence, value head, BVT value columns), the
- * value tiles of a head adjacent (st_block in kda_tc.cu) */
-static dim3 state_grid(const kda_kda_args *a) {
-  return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + BVT - 1) / BVT)));
 }
 
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute) */
@@ -637,9 +640,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
        * state_bwd=512 in one run: the precise fwd+bwd (32,512,4,64) 1.185 -> 1.174 ms. The
        * K = V = 64 / 128 instantiations (kv_spec) need 63 registers, so two blocks of 512 fit:
        * they keep 512, (32,512,4,64) 0.997 -> 0.986 ms against 256 */
-      int dev, nsm = 0, sbt = NTC;
-      if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        cudaGetLastError(), nsm = 0;
+      int nsm = sm_count(), sbt = NTC;
       if (prec && !kv && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
       kst<<<state_grid(a), chunk_threads(a, "state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
