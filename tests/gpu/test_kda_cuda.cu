@@ -15,8 +15,8 @@
  * and the tensor-core path in its other layouts: the backward's rows
  * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
  * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the state passes
- * with one set of chunk tiles (KDA_KDA_STATE_DB=0), the chunk kernels' run-time shapes instead
- * of their K = V = 64 / 128 instantiations (KDA_KDA_KV=0); the quick run does the first only, the
+ * with one set of chunk tiles (KDA_KDA_STATE_DB=0), every version-2 kernel's run-time shapes
+ * instead of its K = V = 64 / 128 instantiations (KDA_KDA_KV=0); the quick run does the first only, the
  * variables pass through to it.
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
@@ -582,8 +582,8 @@ int main(int argc, char **argv) {
                           "backward on every case, its state pass at 256 threads)",
                           "KDA_KDA_ROWS_SEP=0 KDA_KDA_COMPACT=0 KDA_KDA_THREADS=rows=512 KDA_KDA_STATE_DB=0 "
                           "KDA_KDA_KV=0 (tensor-core path, the rows kernel with one S0/dS tile at 512 "
-                          "threads, wide layouts, the state passes' single tile set, the chunk kernels' "
-                          "run-time shapes)"};
+                          "threads, wide layouts, the state passes' single tile set, the run-time "
+                          "shapes)"};
   for (int path = 0; path < (quick ? 1 : 4); path++) {
     if (path == 1) setenv("KDA_KDA_SIMPLE", "1", 1);
     else unsetenv("KDA_KDA_SIMPLE");
