@@ -90,33 +90,35 @@ static __device__ inline void seq_span(const kp &p, int64_t n, int64_t *bos, int
   else *bos = n * p.T, *len = p.T;
 }
 
-/* Column d of a chunk's gate gradient, shared by both kernel versions: the reverse cumsum of
- * dG (dG_at(r): row r of column d; version 1 holds it in w.dW, version 2 in shared memory;
- * dGn enters at the last row), then the gate chain of §2.1 from the log-decay back to the
- * raw gate. Writes dg, adds the dA_log share to *dAl, returns the column's ddt_bias share. */
+/* Rows hi down to lo of column d of a chunk's gate gradient, shared by both kernel versions:
+ * the reverse cumsum of dG continued from acc (dG_at(r): row r of column d; version 1 holds it
+ * in w.dW, version 2 in shared memory; acc is the sum of the rows after hi, dGn included, which
+ * enters at the chunk's last row: dGn for a whole column), then the gate chain of §2.1 from the
+ * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the rows'
+ * ddt_bias share. */
 template <class FD>
 static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void *g, const float *dt_bias,
-                                       int has_A_log, void *dg, int64_t t0, int64_t h, int n, int64_t d,
-                                       float dGn, float ea, float *dAl) {
+                                       int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
+                                       int64_t d, float acc, float ea, float *dAl) {
   int64_t K = p.K, HV = p.HV;
-  float acc = 0, ddt = 0, dtb = p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f;
+  float ddt = 0, dtb = p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f;
   /* rows in batches of 8: the batch's loads are issued before its dg stores (one latency per
    * batch instead of one per row: the compiler cannot hoist a load above a possibly aliasing
    * store); the arithmetic and its order are those of the row-by-row loop */
-  for (int r0 = n - 1; r0 >= 0; r0 -= 8) {
+  for (int r0 = hi; r0 >= lo; r0 -= 8) {
     float dw[8], gx[8];
 #pragma unroll
     for (int u = 0; u < 8; u++) {
       int64_t ir = ((t0 + r0 - u) * HV + h) * K + d;
-      dw[u] = r0 - u >= 0 ? dG_at(r0 - u) : 0.f;
-      gx[u] = r0 - u >= 0 && p.gate_mode ? ldb(g, ir) : 0.f;
+      dw[u] = r0 - u >= lo ? dG_at(r0 - u) : 0.f;
+      gx[u] = r0 - u >= lo && p.gate_mode ? ldb(g, ir) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < 8; u++) {
       int r = r0 - u;
-      if (r < 0) break;
+      if (r < lo) break;
       int64_t ir = ((t0 + r) * HV + h) * K + d;
-      acc += dw[u] + (r == n - 1 ? dGn : 0.f);
+      acc += dw[u];
       float dy = acc, dx;
       if (p.gate_mode == 0) dx = dy;
       else {

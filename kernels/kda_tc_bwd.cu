@@ -602,13 +602,41 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   __syncthreads();
   PH(7);
+  /* reverse cumsum + gate chain (§2.1), a column's rows in ns segments of L, a thread each
+   * (one thread a column ran a 64-row chain on K of the block's threads: 7.5% of the kernel's
+   * cycles at (8,2048,16,128)): each segment's dG total, then each segment's chain continued
+   * from dGn plus the later segments' totals; ddt_bias partials summed in segment order.
+   * X is free here. PREPARED, NOT YET MEASURED */
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
-  for (int d = tid; d < K; d += BT)               /* reverse cumsum + gate chain (§2.1) */
-    w.gpart[((int64_t)cb * HV + h) * (K + 1) + d] =
-        gate_chain_col(p, [&](int r) { return dGs[r * KS + d]; }, g, dt_bias, A_log != NULL, dg, t0, h, n, d,
-                       dGn[d], ea, &dAl);
+  const int64_t gp = ((int64_t)cb * HV + h) * (K + 1);
+  const int ns = BT / (int)K < 8 ? BT / (int)K : 8, L = (n + ns - 1) / ns, d = tid % (int)K, s = tid / (int)K;
+  auto dg_at = [&](int r) { return dGs[r * KS + d]; };
+  if (ns >= 2) {
+    float *segT = X, *segD = X + ns * K16;            /* [ns][K16] totals, ddt_bias partials */
+    const int lo = s * L, hi = (s + 1) * L < n ? (s + 1) * L - 1 : n - 1;
+    if (s < ns) {
+      float t = 0;
+      for (int r = hi; r >= lo; r--) t += dg_at(r);
+      segT[s * K16 + d] = t;
+    }
+    __syncthreads();
+    if (s < ns) {
+      float acc = dGn[d];
+      for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
+      segD[s * K16 + d] = gate_chain_col(p, dg_at, g, dt_bias, A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+    }
+    __syncthreads();
+    for (int c = tid; c < K; c += BT) {
+      float t = 0;
+      for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
+      w.gpart[gp + c] = t;
+    }
+  } else
+    for (int c = tid; c < K; c += BT)
+      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[r * KS + c]; }, g, dt_bias, A_log != NULL, dg, t0,
+                                       h, 0, n - 1, c, dGn[c], ea, &dAl);
   dAl = block_sum(dAl, red);
-  if (tid == 0) w.gpart[((int64_t)cb * HV + h) * (K + 1) + K] = dAl;
+  if (tid == 0) w.gpart[gp + K] = dAl;
   PH(8);
   for (int r = tid; r < n; r += BT) {              /* beta chain (§2.2) */
     float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
