@@ -480,98 +480,121 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
   }
   PH(2);
-  /* off-diagonal row terms: block I against columns j < r = 16 I, factored around row r */
-  for (int I = 1; I < C / 16 && 16 * I < n; I++) {
+  /* Off-diagonal terms, in factored products (kda_tc.cuh). Every block's operands are staged
+   * before one barrier and its products follow with none between them (their outputs are
+   * disjoint rows), and each epilogue's global loads are issued before its tile's MMAs (L):
+   * it was a barrier pair, a product and its read-modify-write per block, the loads after the
+   * MMAs (H200 (8,2048,16,128): see docs/kda.md).
+   * Row terms: block I (rows r = 16 I ..) against columns j < r, factored around row r; X_I =
+   * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
+   * C + 32). The previous barrier (after dGn) and the one below order X and dG. */
+  const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
+  auto xo = [](int I) { return 8 * I * (I - 1); };
+  for (int I = 1; I < nI; I++) {
     int r = 16 * I;
-    __syncthreads();
+    float *XI = X + xo(I) * KS;
     for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
       int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(X + j * KS + d) = make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
-                                                kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w));
+      *(float4 *)(XI + j * KS + d) = make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+                                                 kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w));
     }
-    __syncthreads();
-    PH(3);
-    /* epilogue: a thread's 4 outputs (rows ii, ii+8 of one half, columns d, d+1): all global
-     * loads first, then the updates (same arithmetic as one element at a time) */
+  }
+  __syncthreads();
+  PH(3);
+  for (int I = 1; I < nI; I++) {
+    int r = 16 * I;
+    const float *XI = X + xo(I) * KS;
+    /* a tile's 4 outputs: rows ii, ii+8 of one half (dQ rows, then dKb rows), columns d0, d0+1 */
+    auto at = [&](int ii, int d0) { return epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; }); };
+    struct pre4 { float a[4]; };
     mma_blk4<PT>(32, K16, r,
                  [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
-                 [&](int j, int d) { return X[j * KS + d]; },
-                 [&](int ii, int d0, float c0, float c1, float c2, float c3) {
-                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                   const epi4 e = epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; });
+                 [&](int j, int d) { return XI[j * KS + d]; },
+                 [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+                   float x[4] = {c0, c1, c2, c3};
+                   const epi4 e = at(ii, d0);
                    const int *iv = e.r, *dv = e.d;
-                   const bool *ok = e.ok;
-                   int gi[4];
 #pragma unroll
-                   for (int u = 0; u < 4; u++) gi[u] = iv[u] * RS + dv[u];
-                   if (ii < 16) {
+                   for (int u = 0; u < 4; u++)
+                     if (e.ok[u]) {
+                       int gi = iv[u] * RS + dv[u], si = iv[u] * KS + dv[u];
+                       float y = x[u] * kexp(Gs[si] - Gs[r * KS + dv[u]]);
+                       if (ii < 16) dQg[gi] = pf.a[u] + y, dGs[si] += qs[si] * y;
+                       else dKbg[gi] = pf.a[u] + y;
+                     }
+                 },
+                 [&](int ii, int d0) {
+                   const epi4 e = at(ii, d0);
+                   pre4 pf;
 #pragma unroll
-                     for (int u = 0; u < 4; u++)
-                       if (ok[u]) a[u] = dQg[gi[u]], b[u] = dGs[iv[u] * KS + dv[u]];
-#pragma unroll
-                     for (int u = 0; u < 4; u++)
-                       if (ok[u]) {
-                         float y = x[u] * kexp(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
-                         dQg[gi[u]] = a[u] + y, dGs[iv[u] * KS + dv[u]] = b[u] + qs[iv[u] * KS + dv[u]] * y;
-                       }
-                   } else {
-#pragma unroll
-                     for (int u = 0; u < 4; u++)
-                       if (ok[u]) a[u] = dKbg[gi[u]];
-#pragma unroll
-                     for (int u = 0; u < 4; u++)
-                       if (ok[u]) dKbg[gi[u]] = a[u] + x[u] * kexp(Gs[iv[u] * KS + dv[u]] - Gs[r * KS + dv[u]]);
-                   }
+                   for (int u = 0; u < 4; u++)
+                     if (e.ok[u]) pf.a[u] = (ii < 16 ? dQg : dKbg)[e.r[u] * RS + e.d[u]];
+                   return pf;
                  });
-    PH(4);
   }
-  /* off-diagonal column terms: block J against rows i > r' = 16 J + 15, factored around r' */
-  for (int J = 0; J < C / 16 - 1 && 16 * J + 16 < n; J++) {
-    int rp = 16 * J + 15, mrow = n - rp - 1, m16 = r16(mrow);
-    __syncthreads();
-    for (int e = tid; e < m16 * (K16 / 4); e += BT) {   /* X = [q_i ; b_i k_i] e^{G_i - G_r'}, i > r' */
-      int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
-      float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-      if (ii < mrow) {
-        float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
-               qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
-        float b = bs[i];
-        float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
-        x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
-        x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
+  PH(4);
+  /* Column terms: block J against rows i > r' = 16 J + 15, factored around r'; X_J = [q_i ;
+   * b_i k_i] e^{G_i - G_r'} (2 m16 rows). Blocks go in groups whose X_J fit X's C + 32 rows
+   * together (at C = 64: {0}, {1, 2}). */
+  auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
+  for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
+    int xrows = 0;
+    for (J1 = J0; J1 < nI - 1 && xrows + 2 * m16of(J1) <= C + 32; J1++) xrows += 2 * m16of(J1);
+    __syncthreads();                                /* the previous products' reads of X done */
+    for (int J = J0, xoff = 0; J < J1; xoff += 2 * m16of(J), J++) {
+      int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
+      float *XJ = X + xoff * KS;
+      for (int e = tid; e < m16 * (K16 / 4); e += BT) {
+        int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (ii < mrow) {
+          float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
+                 qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+          float b = bs[i];
+          float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
+          x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
+          x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
+        }
+        *(float4 *)(XJ + ii * KS + d) = x0, *(float4 *)(XJ + (m16 + ii) * KS + d) = x1;
       }
-      *(float4 *)(X + ii * KS + d) = x0, *(float4 *)(X + (m16 + ii) * KS + d) = x1;
     }
     __syncthreads();
     PH(5);
-    mma_blk4<PT>(16, K16, 2 * m16,
-                 [&](int jj, int k) {
-                   int j = 16 * J + jj;
-                   if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
-                   k -= m16;
-                   return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
-                 },
-                 [&](int k, int d) { return X[k * KS + d]; },
-                 [&](int jj, int d0, float c0, float c1, float c2, float c3) {
-                   float x[4] = {c0, c1, c2, c3}, a[4], b[4];
-                   const epi4 e = epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; });
-                   const int *jv = e.r, *dv = e.d;
-                   const bool *ok = e.ok;
-                   int gj[4];
+    for (int J = J0, xoff = 0; J < J1; xoff += 2 * m16of(J), J++) {
+      int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
+      const float *XJ = X + xoff * KS;
+      auto at = [&](int jj, int d0) { return epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; }); };
+      struct pre4 { float a[4]; };
+      mma_blk4<PT>(16, K16, 2 * m16,
+                   [&](int jj, int k) {
+                     int j = 16 * J + jj;
+                     if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                     k -= m16;
+                     return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
+                   },
+                   [&](int k, int d) { return XJ[k * KS + d]; },
+                   [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+                     float x[4] = {c0, c1, c2, c3};
+                     const epi4 e = at(jj, d0);
 #pragma unroll
-                   for (int u = 0; u < 4; u++) gj[u] = jv[u] * RS + dv[u];
+                     for (int u = 0; u < 4; u++)
+                       if (e.ok[u]) {
+                         int gj = e.r[u] * RS + e.d[u], sj = e.r[u] * KS + e.d[u];
+                         float y = x[u] * kexp(Gs[rp * KS + e.d[u]] - Gs[sj]);
+                         dKig[gj] = pf.a[u] + y, dGs[sj] -= ks[sj] * y;
+                       }
+                   },
+                   [&](int jj, int d0) {
+                     const epi4 e = at(jj, d0);
+                     pre4 pf;
 #pragma unroll
-                   for (int u = 0; u < 4; u++)
-                     if (ok[u]) a[u] = dKig[gj[u]], b[u] = dGs[jv[u] * KS + dv[u]];
-#pragma unroll
-                   for (int u = 0; u < 4; u++)
-                     if (ok[u]) {
-                       float y = x[u] * kexp(Gs[rp * KS + dv[u]] - Gs[jv[u] * KS + dv[u]]);
-                       dKig[gj[u]] = a[u] + y, dGs[jv[u] * KS + dv[u]] = b[u] - ks[jv[u] * KS + dv[u]] * y;
-                     }
-                 });
+                     for (int u = 0; u < 4; u++)
+                       if (e.ok[u]) pf.a[u] = dKig[e.r[u] * RS + e.d[u]];
+                     return pf;
+                   });
+    }
     PH(6);
   }
   __syncthreads();

@@ -11,6 +11,7 @@
  * only, after kda_common.cuh; BT is the launch's block size. */
 #pragma once
 #include <type_traits>
+#include <utility>
 #include "kda_common.cuh"
 #include "mma.cuh"
 #define BT ((int)blockDim.x)
@@ -62,19 +63,34 @@ static __device__ __forceinline__ void mma_tf32(float &c0, float &c1, float &c2,
  * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16) and mma.m16n8k8 (.tf32), g = lane/4,
  * t = lane%4. Operands come from shared memory by scalar loads (no ldmatrix: the tiles have
  * arbitrary transposes); each MMA needs 12 (bf16) or 2x6 (tf32) loads per thread.
- * P_3TF32, P_3TF32A run in mma_blk4_3x (same tiles and ownership).                       */
-template <int P, class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx = 0);
-template <int P, class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4) {
+ * P_3TF32, P_3TF32A run in mma_blk4_3x (same tiles and ownership).
+ * L (optional): the epilogue's global loads. L(i, j) (the E4 arguments' i, j) runs before the
+ * tile's MMAs and its result is E4's seventh argument, so a read-modify-write epilogue's L2
+ * latency hides behind the products instead of following them (ncu: long-scoreboard stalls
+ * were 41% of k_bwd_final_tc's samples, its epilogues' global reads).                     */
+struct no_pre {
+  __device__ int operator()(int, int) const { return 0; }
+};
+template <class FL, class FE>
+static __device__ __forceinline__ void epi_call(FE &E4, int i, int j, float c0, float c1, float c2, float c3,
+                                                const decltype(std::declval<FL>()(0, 0)) &pre) {
+  if constexpr (std::is_same<FL, no_pre>::value) E4(i, j, c0, c1, c2, c3);
+  else E4(i, j, c0, c1, c2, c3, pre);
+}
+template <int P, class FA, class FB, class FE, class FL = no_pre>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx = 0,
+                                                   FL L = FL());
+template <int P, class FA, class FB, class FE, class FL = no_pre>
+static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4, FL L = FL()) {
   if constexpr (P == P_3TF32 || P == P_3TF32A) {
-    mma_blk4_3x<P>(M, N, Kd, A, B, E4);
+    mma_blk4_3x<P>(M, N, Kd, A, B, E4, 0, L);
     return;
   }
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 3, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    const auto pre = L(i0 + g, j0 + 2 * t);
     float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 16) {
@@ -95,19 +111,20 @@ static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B
         }
       }
     }
-    E4(i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3]);
+    epi_call<FL>(E4, i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3], pre);
   }
 }
 /* mma_blk4 for P_3TF32 / P_3TF32A: the same tiles, thread ownership and epilogue calls; per k8
  * step three MMAs (lo(A) hi(B), hi(A) lo(B), hi(A) hi(B): small terms first), two for P_3TF32A.
  * kbx: B is exact in tf32 (bf16 data) for k < kbx (a multiple of 8): there lo(B) = 0 and the
  * hi(A) lo(B) MMA, which would add exact zeros, is skipped (the same sums) */
-template <int P, class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx) {
+template <int P, class FA, class FB, class FE, class FL>
+static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, FB B, FE E4, int kbx, FL L) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 3, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
+    const auto pre = L(i0 + g, j0 + 2 * t);
     float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
 #pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 8) {
@@ -127,7 +144,7 @@ static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, F
       if (!bx) mma_tf32(c0, c1, c2, c3, ah, bl);
       mma_tf32(c0, c1, c2, c3, ah, bh);
     }
-    E4(i0 + g, j0 + 2 * t, c0, c1, c2, c3);
+    epi_call<FL>(E4, i0 + g, j0 + 2 * t, c0, c1, c2, c3, pre);
   }
 }
 /* mma_blk4 hands the epilogue a thread's four outputs at once: E4(i, j, C[i][j], C[i][j+1],
