@@ -27,6 +27,7 @@
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
+#             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0);
 #             KTIMES="3 2": each kernel's duration (ncu, one kernel at a time) at those shapes, last entry
 #   ncu_source one kernel of the bundle's kda_bench under ncu --set full (KERNEL regex, SHAPE
 #             0..3 as KDA_BENCH_SHAPE): its details page and its per-line CUDA source and SASS
@@ -158,7 +159,8 @@ if [ "$MODE" = kda_multi ]; then
     for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
       env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
-    echo "== $last phases (8,2048,16,128)"; env $(envof "$last") KDA_BENCH_SHAPE=0 timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"
+    for sh in ${PSHAPES:-0}; do echo "== $last phases, shape $sh (0: (8,2048,16,128))"
+      env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"; done
     for sh in ${KTIMES:-}; do echo "== kernel times, $last, shape $sh (ncu gpu__time_duration, warm launches, each kernel alone)"
       env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 ncu --metrics gpu__time_duration.sum --launch-skip ${KSKIP:-60} \
         --launch-count ${KCOUNT:-40} --csv "$(bin "$last")/kda_bench" 2>/dev/null | python3 benches/ncu_times.py; done
