@@ -22,7 +22,8 @@
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME):
 #             KDA_MULTI="main new new@KDA_KDA_COMPACT=0 ..." (NAME[@ENV=V,...]); each entry of
 #             TESTS runs its full test; then kda_bench in ROUNDS (2) rounds alternating over
-#             KDA_MULTI; the precise backward of PRECISE (default all); RACE="NAME[@ENV]:case|..."
+#             KDA_MULTI; the precise backward of PRECISE (default all); MEMCHECK="NAME ..." memcheck
+#             on the quick test; RACE="NAME[@ENV]:case|..."
 #             racecheck filters; HYBRID entries the hybrid S 64x512 step with their kda
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
@@ -148,6 +149,9 @@ if [ "$MODE" = kda_multi ]; then
   { i=0; for n in ${TESTS:-}; do i=$((i+1)); echo "== test $n"
       env $(envof "$n") timeout 150 "$(bin "$n")/test_kda_cuda" > "$OUT/kda_test_$i.log" 2>&1; echo "rc=$?"
       grep -E "^FAIL|passed, " "$OUT/kda_test_$i.log" | head -12; done
+    for n in ${MEMCHECK:-}; do   # compute-sanitizer memcheck on the quick test
+      env $(envof "$n") timeout 150 compute-sanitizer --tool memcheck --print-limit 10 "$(bin "$n")/test_kda_cuda" quick > "$OUT/kda_memcheck.log" 2>&1
+      echo "memcheck $n rc=$? | $(grep -E 'ERROR SUMMARY' "$OUT/kda_memcheck.log") | $(grep -E 'passed, ' "$OUT/kda_memcheck.log")"; done
     IFS='|' read -r -a races <<< "${RACE:-}"
     for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
       env $(envof "$n") timeout 90 compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
