@@ -324,14 +324,22 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   };
   auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
   auto uout = [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; };
+  /* the fast forms store a thread's two adjacent outputs at once (pairs2): W's row pitch K16 is
+   * even, U's V may not be (st2f then stores them one by one) */
+  auto wout2 = [&](int i, int d, float c0, float c1) {
+    if (i < n) st2b(w.Wb + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
+  };
+  auto uout2 = [&](int i, int c, float x0, float x1) {
+    if (i < n && c < V) st2f(w.U + ROWI(i) * V + c, x0, x1, c + 1 < V);
+  };
   if constexpr (PR)
     mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
                 [&](int j, int d) { return ks[j * KS + d]; }, wout);
   else   /* Ms, ks hold tf32-rounded values (rounded where written) */
-    mma_tf1(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, wout);
+    mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout2));
   PH(8);
   if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, uout);
-  else mma_tf1(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, uout);
+  else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout2));
   PH(9);
 }
 template <bool PR, bool CM, int KV>

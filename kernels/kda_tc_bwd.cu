@@ -131,6 +131,20 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   auto dki_out = [&](int i, int d, float x) {
     if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
   };
+  /* the fast forms: a thread's two adjacent outputs in one store (pairs2; K may be odd) */
+  auto dq_out2 = [&](int i, int d, float x0, float x1) {
+    if (i < n && d < K)
+      st2f(w.dQ + ROWI(i) * K + d, p.scale * x0 * kexp(Gs[i * GS + d]), p.scale * x1 * kexp(Gs[i * GS + d + 1]),
+           d + 1 < K);
+  };
+  auto dw_out2 = [&](int i, int d, float x0, float x1) {
+    if (i < n && d < K) st2f(w.dW + ROWI(i) * K + d, -x0, -x1, d + 1 < K);
+  };
+  auto dki_out2 = [&](int i, int d, float x0, float x1) {
+    const float *gn = Gs + (n - 1) * GS, *gi = Gs + i * GS;
+    if (i < n && d < K)
+      st2f(w.dKi + ROWI(i) * K + d, x0 * kexp(gn[d] - gi[d]), x1 * kexp(gn[d + 1] - gi[d + 1]), d + 1 < K);
+  };
   /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
    * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
   auto b16 = [&](float *t) { return bt{(const sbf *)t, 2 * VS, 1}; };
@@ -140,9 +154,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     if (sep) rows_to_bf16(R3, K16, VS, V16);
     __syncthreads();
     /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
-    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, each4(dq_out));
+    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, pairs2(dq_out2));
     PH(2);
-    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, each4(dw_out));
+    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, pairs2(dw_out2));
     __syncthreads();                               /* dVn (and without sep S0) read by every warp */
     if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
     cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
@@ -152,7 +166,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     if (!sep) rows_to_bf16(R3, K16, VS, V16);
     __syncthreads();
     PH(3);
-    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, each4(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out2));   /* dKi = Vn dS^T e^{Gn-G} */
   } else {
     mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
                 dq_out);
@@ -307,14 +321,25 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       w.dvn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
     }
   };
+  /* the fast form stores a thread's two adjacent outputs at once (pairs2; V may be odd) */
+  auto dv_out2 = [&](int j, int c, float x0, float x1) {
+    if (j < n && c < V) {
+      bool n1 = c + 1 < V;
+      st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, n1);
+      st2f(w.dvn + ROWI(j) * V + c, x0 * f(Vr[j * VB + c]), x1 * f(Vr[j * VB + c + 1]), n1);
+    }
+  };
   if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
-  else mma_tf1(C, V16, C, tft{MsT, CS}, dvb, dv_out);
+  else mma_tf(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out2));
   PH(5);
   /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
   auto dkb_out = [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; };
+  auto dkb_out2 = [&](int j, int d, float x0, float x1) {
+    if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
+  };
   if constexpr (PR) mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, dkb_out);
-  else mma_tf1(C, K16, C, tft{MsT, CS}, dwb, dkb_out);
+  else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out2));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;

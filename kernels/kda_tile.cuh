@@ -312,6 +312,31 @@ template <class FA, class FB, class FE>
 static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
   mma_tf2(M, N, A, B, Kd, A, B, 0, E4);
 }
+/* a two-column epilogue E2(i, j, c_j, c_j+1) as an E4: a thread's outputs of one row are two
+ * adjacent columns (j even), so a store epilogue can write them with one 8-byte (fp32) or
+ * 4-byte (bf16) store instead of two (st2f / st2b below) */
+template <class FE> static __device__ __forceinline__ auto pairs2(FE E2) {
+  return [=](int i, int j, float c0, float c1, float c2, float c3) {
+    E2(i, j, c0, c1);
+    E2(i + 8, j, c2, c3);
+  };
+}
+/* dst[0], dst[1] = x0, x1 (n1: dst[1] exists); one store when both exist and dst is 8-byte
+ * aligned (fp32) / 4-byte aligned (bf16), else one or two scalar ones */
+static __device__ __forceinline__ void st2f(float *dst, float x0, float x1, bool n1) {
+  if (n1 && ((uintptr_t)dst & 7) == 0) *(float2 *)dst = make_float2(x0, x1);
+  else {
+    dst[0] = x0;
+    if (n1) dst[1] = x1;
+  }
+}
+static __device__ __forceinline__ void st2b(__nv_bfloat16 *dst, float x0, float x1, bool n1) {
+  if (n1 && ((uintptr_t)dst & 3) == 0) *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(x0, x1);
+  else {
+    dst[0] = __float2bfloat16(x0);
+    if (n1) dst[1] = __float2bfloat16(x1);
+  }
+}
 /* a one-element epilogue E(i, j, c) as an E4 (mma_blk4's order) */
 template <class FE> static __device__ __forceinline__ auto each4(FE E) {
   return [=](int i, int j, float c0, float c1, float c2, float c3) {
