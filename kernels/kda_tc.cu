@@ -481,12 +481,14 @@ static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, 
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
-/* S <- e^{G_last} S + x for one epilogue output, and the bf16 shadow */
+/* S <- e^{G_last} S + x for two adjacent epilogue outputs (columns c, c + 1: pairs2), and the
+ * bf16 shadow, each pair in one load and one store (SB, DB and c are even) */
 template <class T>
-static __device__ __forceinline__ void st_s_upd(const st_tiles<T> &t, int r, int c, float x) {
-  float v = t.en[r] * t.S[r * t.SB + c] + x;
-  t.S[r * t.SB + c] = v;
-  t.Sb[r * t.DB + c] = __float2bfloat16(v);
+static __device__ __forceinline__ void st_s_upd2(const st_tiles<T> &t, int r, int c, float x0, float x1) {
+  float2 s = *(const float2 *)(t.S + r * t.SB + c);
+  float e = t.en[r], v0 = e * s.x + x0, v1 = e * s.y + x1;
+  *(float2 *)(t.S + r * t.SB + c) = make_float2(v0, v1);
+  *(__nv_bfloat162 *)(t.Sb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
 }
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
  * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand). */
@@ -495,10 +497,11 @@ static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, i
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
     mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
-            each4([&](int r, int c, float x) {
-              float v = t.Vn[r * t.SB + c] - x;
-              t.Vb[r * t.DB + c] = __float2bfloat16(v);
-              if (vn && r < m && c0 + c < p.V) vn[((t0 + r) * p.HV + h) * p.V + c0 + c] = v;
+            pairs2([&](int r, int c, float x0, float x1) {
+              float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
+              float v0 = u.x - x0, v1 = u.y - x1;
+              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
+              if (vn && r < m && c0 + c < p.V) st2f(vn + ((t0 + r) * p.HV + h) * p.V + c0 + c, v0, v1, c0 + c + 1 < p.V);
             }));
     return;
   }
@@ -515,7 +518,7 @@ template <int P, class T>
 static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
   if constexpr (std::is_same<T, sbf>::value) {
     mma_ldm(t.K16, BVT, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
-            each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
+            pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     return;
   }
   mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
@@ -605,7 +608,9 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     cp_async_commit();
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
-            each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
+            pairs2([&](int r, int c, float x0, float x1) {
+              if (r < m && c0 + c < V) st2b((bf16 *)o + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+            }));
     st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk dead: prefetch the next chunk's */
@@ -672,7 +677,9 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
     __syncthreads();
     PH(1);
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
-            each4([&](int r, int c, float x) { if (r < m && c0 + c < V) stb(o, ((t0 + r) * HV + h) * V + c0 + c, x); }));
+            pairs2([&](int r, int c, float x0, float x1) {
+              if (r < m && c0 + c < V) st2b((bf16 *)o + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+            }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* o done with Sb before the update writes it */
     PH(2);
@@ -785,9 +792,9 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
      * the dS update's -W^T dVn, as W^T (-dVn), the same products) */
     if constexpr (!PR)
       mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-              each4([&](int r, int c, float x) {
-                t.Vb[r * t.DB + c] = __float2bfloat16(-x);
-                if (r < m && c0 + c < V) w.dvn[((t0 + r) * HV + h) * V + c0 + c] = x;
+              pairs2([&](int r, int c, float x0, float x1) {
+                *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
+                if (r < m && c0 + c < V) st2f(w.dvn + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
               }));
     else   /* B = dO (bf16 data, exact) for k < C */
       mma_blk4_3x<P>(p.C, BVT, p.C + t.K16,
@@ -807,7 +814,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
     if constexpr (!PR)
       mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
-              each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
+              pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     else   /* B = dO (exact) for k < C */
       mma_blk4_3x<P>(t.K16, BVT, 2 * p.C,
                      [&](int d, int k) { return k < p.C ? f(t.qg[k * t.KB + d]) : -f(t.W[(k - p.C) * t.KB + d]); },
@@ -863,16 +870,16 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
     mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-            each4([&](int r, int c, float x) {
-              t.Vb[r * t.DB + c] = __float2bfloat16(-x);
-              if (r < m && c0 + c < V) w.dvn[((t0 + r) * HV + h) * V + c0 + c] = x;
+            pairs2([&](int r, int c, float x0, float x1) {
+              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
+              if (r < m && c0 + c < V) st2f(w.dvn + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
             }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */
     PH(4);
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
     mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
-            each4([&](int d, int c, float x) { st_s_upd(t, d, c, x); }));
+            pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     PH(5);
   };
   for (int ci = cl - 1; ci >= cf; ci -= 2) {

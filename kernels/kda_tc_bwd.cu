@@ -275,23 +275,34 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     __syncthreads();
   }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
-  auto da_out = [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = j <= i && j < n ? p.scale * x : 0.f; };
+  /* the fast forms' epilogues store a thread's two adjacent outputs at once (pairs2; pitches C,
+   * CS even); the precise forms keep one store an output: pairs there measured 2% slower
+   * (docs/kda.md, eighth pass) */
+  auto da_v = [&](int i, int j, float x) { return j <= i && j < n ? p.scale * x : 0.f; };
+  auto da_out = [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = da_v(i, j, x); };
+  auto da_out2 = [&](int i, int j, float x0, float x1) {
+    if (i < n) st2f(w.dA + ROWI(i) * C + j, da_v(i, j, x0), da_v(i, j + 1, x1), true);
+  };
   if constexpr (PR)
     mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                       [&](int c, int j) { return VnF[j * VS + c]; }, da_out);
   else
-    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, each4(da_out));
+    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out2));
   __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
   PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
   auto dm_a = [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; };
-  auto dm_out = [&](int i, int j, float x) { dM[i * CS + j] = j < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
+  auto dm_v = [&](int i, int j, float x) { return j < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
+  auto dm_out = [&](int i, int j, float x) { dM[i * CS + j] = dm_v(i, j, x); };
+  auto dm_out2 = [&](int i, int j, float x0, float x1) {
+    *(float2 *)(dM + i * CS + j) = make_float2(dm_v(i, j, x0), dm_v(i, j + 1, x1));
+  };
   if constexpr (PR)
     mma_blk<PT>(C, C, V16 + K16, dm_a,
                 [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; }, dm_out);
   else   /* [dVn | dW] and Kb by ldmatrix, bV formed per load */
     mma_tf2(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
-            tft{Kb, KS}, K16, each4(dm_out));
+            tft{Kb, KS}, K16, pairs2(dm_out2));
   __syncthreads();
   PH(2);
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
@@ -299,7 +310,9 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
                 [&](int i, int j, float x) { X[i * CS + j] = x; });
   else
-    mma_tf1(C, C, C, tft{dM, CS}, tft{Ms, CS}, [&](int i, int j, float x) { X[i * CS + j] = tf32r(x); });
+    mma_tf(C, C, C, tft{dM, CS}, tft{Ms, CS}, pairs2([&](int i, int j, float x0, float x1) {
+             *(float2 *)(X + i * CS + j) = make_float2(tf32r(x0), tf32r(x1));
+           }));
   __syncthreads();
   if constexpr (CM && !PR) {                       /* dM is dead: M^T in its place */
     for (int e = threadIdx.x; e < C * C; e += BT) MsT[(e % C) * CS + e / C] = Ms[e / C * CS + e % C];
@@ -310,7 +323,10 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
   auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; };
   if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
-  else mma_tf1(C, C, C, tft{MsT, CS}, xb, dl_out);
+  else
+    mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2([&](int i, int j, float x0, float x1) {
+             if (i < n) st2f(w.dL + ROWI(i) * C + j, j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
+           }));
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
    * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
