@@ -5,7 +5,9 @@
  *   mma_ldm                            bf16 tiles through ldmatrix (bt);
  *   mma_tf / mma_tf1                   tf32 from tiles holding tf32-rounded values (tft, ldmatrix)
  *                                      or accessors returning them;
- *   cp_tile_f32 / cp_tile_bf16, batched  global -> shared staging (cp.async, batched loads).
+ *   cp_tile_f32 / cp_tile_bf16, batched  global -> shared staging (cp.async, batched loads);
+ *   each4 / pairs2, st2f / st2b        epilogues of one output, or of a row's two adjacent
+ *                                      outputs in one store.
  * Every product hands its results to an epilogue; the tile-to-warp ownership of each driver
  * is said where it is defined (read-modify-write epilogues rely on it). Included by kda_tc.cu
  * only, after kda_common.cuh; BT is the launch's block size. */
