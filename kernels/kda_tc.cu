@@ -317,11 +317,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
-  auto wout = [&](int i, int d, float c) {
-    if (i >= n) return;
-    if (PR) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f;
-    else w.Wb[ROWI(i) * K16 + d] = __float2bfloat16(d < K ? c : 0.f);
-  };
+  auto wout = [&](int i, int d, float c) { if (i < n) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f; };   /* PR (fp32 W) */
   auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
   auto uout = [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; };
   /* the fast forms store a thread's two adjacent outputs at once (pairs2): W's row pitch K16 is

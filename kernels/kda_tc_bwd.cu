@@ -124,26 +124,21 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   cp_async_wait_all();
   __syncthreads();
   PH(1);
-  auto dq_out = [&](int i, int d, float x) {
-    if (i < n && d < K) w.dQ[ROWI(i) * K + d] = p.scale * x * kexp(Gs[i * GS + d]);
-  };
+  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; the precise forms store one output a call,
+   * the fast ones a row's two adjacent outputs (pairs2; K may be odd) */
+  auto dq_v = [&](int i, int d, float x) { return p.scale * x * kexp(Gs[i * GS + d]); };
+  auto dki_v = [&](int i, int d, float x) { return x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]); };
+  auto dq_out = [&](int i, int d, float x) { if (i < n && d < K) w.dQ[ROWI(i) * K + d] = dq_v(i, d, x); };
   auto dw_out = [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; };
-  auto dki_out = [&](int i, int d, float x) {
-    if (i < n && d < K) w.dKi[ROWI(i) * K + d] = x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]);
-  };
-  /* the fast forms: a thread's two adjacent outputs in one store (pairs2; K may be odd) */
+  auto dki_out = [&](int i, int d, float x) { if (i < n && d < K) w.dKi[ROWI(i) * K + d] = dki_v(i, d, x); };
   auto dq_out2 = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K)
-      st2f(w.dQ + ROWI(i) * K + d, p.scale * x0 * kexp(Gs[i * GS + d]), p.scale * x1 * kexp(Gs[i * GS + d + 1]),
-           d + 1 < K);
+    if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, dq_v(i, d, x0), dq_v(i, d + 1, x1), d + 1 < K);
   };
   auto dw_out2 = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dW + ROWI(i) * K + d, -x0, -x1, d + 1 < K);
   };
   auto dki_out2 = [&](int i, int d, float x0, float x1) {
-    const float *gn = Gs + (n - 1) * GS, *gi = Gs + i * GS;
-    if (i < n && d < K)
-      st2f(w.dKi + ROWI(i) * K + d, x0 * kexp(gn[d] - gi[d]), x1 * kexp(gn[d + 1] - gi[d + 1]), d + 1 < K);
+    if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, dki_v(i, d, x0), dki_v(i, d + 1, x1), d + 1 < K);
   };
   /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
    * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
@@ -321,28 +316,29 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   PH(3);
   /* dL = -strict-tril(M^T X) */
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
-  auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = j < i ? -x : 0.f; };
+  auto dl_v = [&](int i, int j, float x) { return j < i ? -x : 0.f; };
+  auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = dl_v(i, j, x); };
+  auto dl_out2 = [&](int i, int j, float x0, float x1) {
+    if (i < n) st2f(w.dL + ROWI(i) * C + j, dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
+  };
   if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
-  else
-    mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2([&](int i, int j, float x0, float x1) {
-             if (i < n) st2f(w.dL + ROWI(i) * C + j, j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
-           }));
+  else mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out2));
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
    * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
+  auto dvn_v = [&](int j, int c, float x) { return x * f(Vr[j * VB + c]); };
   auto dv_out = [&](int j, int c, float x) {
     if (j < n && c < V) {
       stb(dv, ROWI(j) * V + c, bs[j] * x);
-      w.dvn[ROWI(j) * V + c] = x * f(Vr[j * VB + c]);
+      w.dvn[ROWI(j) * V + c] = dvn_v(j, c, x);
     }
   };
-  /* the fast form stores a thread's two adjacent outputs at once (pairs2; V may be odd) */
-  auto dv_out2 = [&](int j, int c, float x0, float x1) {
+  auto dv_out2 = [&](int j, int c, float x0, float x1) {   /* V may be odd */
     if (j < n && c < V) {
       bool n1 = c + 1 < V;
       st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, n1);
-      st2f(w.dvn + ROWI(j) * V + c, x0 * f(Vr[j * VB + c]), x1 * f(Vr[j * VB + c + 1]), n1);
+      st2f(w.dvn + ROWI(j) * V + c, dvn_v(j, c, x0), dvn_v(j, c + 1, x1), n1);
     }
   };
   if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
