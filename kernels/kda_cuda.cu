@@ -361,16 +361,6 @@ static int check_common(const kda_kda_args *a, const char *op) {
   return 0;
 }
 
-int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
-  ws w;
-  return ws_layout(a, backward, nullptr, &w);
-}
-int64_t kda_kda_cuda_keep_bytes(const kda_kda_args *a) {
-  ws w;
-  int64_t end = 0;
-  ws_layout(a, 1, nullptr, &w, &end);
-  return end;
-}
 
 /* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias
  * are sums of dg over tokens (and key dims) whose terms cancel, so their relative error is dg's
@@ -411,6 +401,47 @@ static int chunk_threads(const kda_kda_args *a, const char *name, int dflt) {
   if (!at || at[len] != '=') return dflt;
   int t = atoi(at + len + 1);
   return t >= 128 && t <= NTC && t % 32 == 0 ? t : dflt;
+}
+
+/* Load every kernel a call of this shape form (kv) may launch, once a process: CUDA loads a
+ * kernel at its first launch (lazy module loading, the default since CUDA 12.2), which made the
+ * process's first call up to 4x a warm one on the H200 (fwd (8,2048,16,128) 5.1-5.5 ms against
+ * 1.38, benches/results/2026-12-01l-kda_multi_vec3.log) and a shape's first use of another
+ * form up to 2.2x. A call's workspace is sized when it is planned (the backend's plan, the
+ * bench's setup), so the kernels load there. cudaFuncGetAttributes loads a function; without
+ * a device it fails, and the error it leaves is cleared. */
+static void preload_kernels(int kv) {
+  static bool done[3];
+  int s = kv == 128 ? 2 : kv == 64 ? 1 : 0;
+  if (done[s]) return;
+  done[s] = true;
+  cudaFuncAttributes fa;
+  auto ld = [&](const void *f) { (void)cudaFuncGetAttributes(&fa, f); };
+  for (int pr = 0; pr < 2; pr++) {
+    for (int cm = 0; cm < 2; cm++)
+      ld((const void *)k_intra_tc_pick(pr, cm, kv)), ld((const void *)k_bwd_mat_tc_pick(pr, cm, kv)),
+          ld((const void *)k_bwd_final_tc_pick(pr, cm, kv));
+    ld((const void *)k_bwd_rows_tc_pick(pr, kv)), ld((const void *)k_state_bwd_tc_pick(pr, kv));
+  }
+  for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
+  ld((const void *)k_state_bwd_tc_db_pick(kv));
+  ld((const void *)k_chunks), ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
+  ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
+  ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
+  ld((const void *)k_qk_bwd);
+  (void)cudaGetLastError();
+}
+int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward) {
+  ws w;
+  int64_t bytes = ws_layout(a, backward, nullptr, &w);
+  if (bytes >= 0) preload_kernels(kv_spec(a));
+  return bytes;
+}
+int64_t kda_kda_cuda_keep_bytes(const kda_kda_args *a) {
+  ws w;
+  int64_t end = 0;
+  ws_layout(a, 1, nullptr, &w, &end);
+  return end;
 }
 
 /* Version 2 (tensor cores) unless KDA_KDA_SIMPLE=1 or one of its kernels' tiles does not fit

@@ -19,7 +19,9 @@
 extern "C" {
 #endif
 
-/* Bytes of scratch the forward (backward = 0) or backward (backward = 1) needs. */
+/* Bytes of scratch the forward (backward = 0) or backward (backward = 1) needs. The first
+ * query for a shape form also loads the kernels such calls launch (once a process), so the
+ * first call does not pay CUDA's lazy kernel load. */
 int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward);
 /* With keep (below): the first kda_kda_cuda_keep_bytes(a) bytes of the backward-sized
  * workspace are what the kept forward leaves for its backward; the forward writes nothing past
