@@ -553,22 +553,31 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                  [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
                    float x[4] = {c0, c1, c2, c3};
                    const epi4 e = at(ii, d0);
-                   const int *iv = e.r, *dv = e.d;
+                   /* a row's two columns (u, u + 1) in one global store (pairs2) */
 #pragma unroll
-                   for (int u = 0; u < 4; u++)
+                   for (int u = 0; u < 4; u += 2)
                      if (e.ok[u]) {
-                       int gi = iv[u] * RS + dv[u], si = iv[u] * KS + dv[u];
-                       float y = x[u] * kexp(Gs[si] - Gs[r * KS + dv[u]]);
-                       if (ii < 16) dQg[gi] = pf.a[u] + y, dGs[si] += qs[si] * y;
-                       else dKbg[gi] = pf.a[u] + y;
+                       bool n1 = e.ok[u + 1];
+                       int si = e.r[u] * KS + d0;
+                       float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
+                       float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
+                       float *dst = (ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0;
+                       st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+                       if (ii < 16) {
+                         dGs[si] += qs[si] * y0;
+                         if (n1) dGs[si + 1] += qs[si + 1] * y1;
+                       }
                      }
                  },
                  [&](int ii, int d0) {
                    const epi4 e = at(ii, d0);
                    pre4 pf;
 #pragma unroll
-                   for (int u = 0; u < 4; u++)
-                     if (e.ok[u]) pf.a[u] = (ii < 16 ? dQg : dKbg)[e.r[u] * RS + e.d[u]];
+                   for (int u = 0; u < 4; u += 2)
+                     if (e.ok[u]) {
+                       float2 v = ld2f((ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0, e.ok[u + 1]);
+                       pf.a[u] = v.x, pf.a[u + 1] = v.y;
+                     }
                    return pf;
                  });
   }
@@ -617,19 +626,26 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                      float x[4] = {c0, c1, c2, c3};
                      const epi4 e = at(jj, d0);
 #pragma unroll
-                     for (int u = 0; u < 4; u++)
+                     for (int u = 0; u < 4; u += 2)     /* a row's two columns in one global store */
                        if (e.ok[u]) {
-                         int gj = e.r[u] * RS + e.d[u], sj = e.r[u] * KS + e.d[u];
-                         float y = x[u] * kexp(Gs[rp * KS + e.d[u]] - Gs[sj]);
-                         dKig[gj] = pf.a[u] + y, dGs[sj] -= ks[sj] * y;
+                         bool n1 = e.ok[u + 1];
+                         int sj = e.r[u] * KS + d0;
+                         float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
+                         float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
+                         st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+                         dGs[sj] -= ks[sj] * y0;
+                         if (n1) dGs[sj + 1] -= ks[sj + 1] * y1;
                        }
                    },
                    [&](int jj, int d0) {
                      const epi4 e = at(jj, d0);
                      pre4 pf;
 #pragma unroll
-                     for (int u = 0; u < 4; u++)
-                       if (e.ok[u]) pf.a[u] = dKig[e.r[u] * RS + e.d[u]];
+                     for (int u = 0; u < 4; u += 2)
+                       if (e.ok[u]) {
+                         float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
+                         pf.a[u] = v.x, pf.a[u + 1] = v.y;
+                       }
                      return pf;
                    });
     }

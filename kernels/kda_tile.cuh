@@ -338,6 +338,11 @@ static __device__ __forceinline__ void st2f(float *dst, float x0, float x1, bool
     if (n1) dst[1] = x1;
   }
 }
+/* the two floats at src (n1: src[1] exists): one 8-byte load when it does and src is aligned */
+static __device__ __forceinline__ float2 ld2f(const float *src, bool n1) {
+  if (n1 && ((uintptr_t)src & 7) == 0) return *(const float2 *)src;
+  return make_float2(src[0], n1 ? src[1] : 0.f);
+}
 static __device__ __forceinline__ void st2b(__nv_bfloat16 *dst, float x0, float x1, bool n1) {
   if (n1 && ((uintptr_t)dst & 3) == 0) *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(x0, x1);
   else {
