@@ -217,11 +217,19 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       if (ii < 16) As[i * CS + j] = p.scale * c;
       else if (j < i) Ls[i * CS + j] = bs[i] * c;
     };
+    /* the fast form: a row's two adjacent entries in one store (pairs2); an entry above the
+     * diagonal (or L's diagonal) is written as the zero its tile already holds */
+    auto entry2 = [&](int ii, int j, float c0, float c1) {
+      int i = r + (ii & 15);
+      if (i >= n || j > i) return;
+      if (ii < 16) *(float2 *)(As + i * CS + j) = make_float2(p.scale * c0, j + 1 <= i ? p.scale * c1 : 0.f);
+      else *(float2 *)(Ls + i * CS + j) = make_float2(j < i ? bs[i] * c0 : 0.f, j + 1 < i ? bs[i] * c1 : 0.f);
+    };
     if constexpr (PR)
       mma_blk<PT>(32, nx, K16, [&](int ii, int d) { return Y[ii * KS + d]; },
                   [&](int d, int j) { return X[j * KS + d]; }, entry);
     else
-      mma_tf1(32, nx, K16, tft{Y, KS}, tft{X, KS}, entry);
+      mma_tf(32, nx, K16, tft{Y, KS}, tft{X, KS}, pairs2(entry2));
     PH(3);
   }
   /* the steep blocks' diagonals: exact per-pair exponent (any decay) */
