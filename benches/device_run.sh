@@ -30,7 +30,7 @@
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
 #             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0);
 #             KTIMES="3 2": each kernel's duration (ncu, one kernel at a time) at those shapes, last entry
-#   ncu_source one kernel of the bundle's kda_bench under ncu --set full (KERNEL regex, SHAPE
+#   ncu_source one kernel of the bundle's kda_bench (KDA_BIN=NAME: kda_NAME's) under ncu --set full (KERNEL regex, SHAPE
 #             0..3 as KDA_BENCH_SHAPE): its details page and its per-line CUDA source and SASS
 #             metrics as CSV (the KDA kernels are built with -lineinfo), and benches/ncu_sass_mix.py's
 #             stall / opcode summary of the SASS page (session 15 ran the same steps inline: the
@@ -50,8 +50,9 @@ cp "$K"/bin/test_cuda_ops "$K"/bin/cuda_ops_bench build/gpu/ && cp "$K"/data/pro
 KDA=$K/bin/kda
 export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
 stage() { echo; echo "=== $1 ($(date +%T))"; }
-build_kda() {   # the bundle's prebuilt KDA binaries; an older bundle without them: build here
-  if [ -x "$K/bin/kda_bench" ]; then mkdir -p build/kda_gpu && cp "$K"/bin/test_kda_cuda "$K"/bin/kda_bench "$K"/bin/kda_bench_phases build/kda_gpu/ && touch build/kda_gpu/*; return; fi
+build_kda() {   # the bundle's prebuilt KDA binaries (KDA_BIN=NAME: those of .devbuild/kda_NAME.tar.xz); an older bundle without them: build here
+  local kb=$K/bin; if [ -n "${KDA_BIN:-}" ]; then kb=/tmp/kda_$KDA_BIN/bin; [ -d "$kb" ] || { mkdir -p /tmp/kda_$KDA_BIN && tar -xJf .devbuild/kda_$KDA_BIN.tar.xz -C /tmp/kda_$KDA_BIN; }; fi
+  if [ -x "$kb/kda_bench" ]; then mkdir -p build/kda_gpu && cp "$kb"/test_kda_cuda "$kb"/kda_bench "$kb"/kda_bench_phases build/kda_gpu/ && touch build/kda_gpu/*; return; fi
   BUILD_ONLY=1 OUT=$OUT timeout 200 sh benches/kda_gpu.sh > "$OUT/kda_build.log" 2>&1; echo "KDA build rc=$?"; }
 stage device; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
