@@ -85,14 +85,17 @@ static __device__ void chunk_cumsum(float *G, int GS, int C, int K16, int n, int
   __syncthreads();
 }
 
-/* M = (I + L)^-1 for a strictly lower triangular L [C][CS] (fp32; C a multiple of 16, rows
- * past the chunk zero), blocked by 16 (KDA.md §3.2's block recursion, in fp32):
+/* M = (I + L)^-1 for a strictly lower triangular L [C][CS] (fp32; C = 16, 32 or 64, rows past
+ * the chunk zero; M's blocks above the diagonal zero on entry), by block doubling (KDA.md
+ * §3.2's recursion, in fp32):
  *   1. warp b inverts diagonal block b by forward substitution, lane j holding column j in
  *      registers: no barriers, ~120 dependent FMAs per lane;
- *   2. block rows I = 1, 2, ...: T_IJ = sum_{m=J}^{I-1} L_Im M_mJ, then M_IJ = -M_II T_IJ for
- *      every J < I at once (two barriers per block row; T [16][C] scratch).
- * It replaced a row-by-row substitution with a barrier per row (64 at C = 64) in which one
- * thread's dot product ran the whole row's length. Same math, different summation order. */
+ *   2. for s = 16, 32, ..: each diagonal pair of s x s blocks [[M11, 0], [L21, M22]] gets its
+ *      lower-left block M21 = -M22 (L21 M11), two products of every pair at once on the
+ *      tensor cores (P_3TF32: fp32-level operands), the pairs side by side along N with the
+ *      second operand block-diagonal; T [s][C/2 + 4] scratch.
+ * It was a blocked substitution (block rows I: T_IJ = sum_m L_Im M_mJ, M_IJ = -M_II T_IJ) whose
+ * scalar dot products read two shared operands a multiply-add, six barriers at C = 64. */
 static __device__ void tril_inverse(const float *L, float *M, int CS, int C, float *T) {
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nb = C >> 4;
   if (wp < nb && lane < 16) {
@@ -108,21 +111,26 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 #pragma unroll
     for (int i = 0; i < 16; i++) M[(o + i) * CS + o + j] = x[i];
   }
-  for (int I = 1; I < nb; I++) {
+  const int H = C >> 1, TS = H + 4;
+#pragma unroll
+  for (int ls = 4; (1 << ls) < C; ls++) {          /* s = 2^ls; pair q: rows and columns from 2qs */
+    const int s = 1 << ls, sm = s - 1;
+    auto base = [&](int k) { return (k >> ls) << (ls + 1); };   /* 2qs of the pair column k is in */
+    auto same = [&](int k, int j) { return k >> ls == j >> ls; };
+    __syncthreads();                               /* M11, M22 of every pair complete */
+    /* T = [L21^q]_q blockdiag(M11^q): T[i][j] = (L21^q M11^q)[i][j - qs] for j in pair q */
+    mma_blk4<P_3TF32>(
+        s, H, H, [&](int i, int k) { return L[(base(k) + s + i) * CS + base(k) + (k & sm)]; },
+        [&](int k, int j) { return same(k, j) ? M[(base(k) + (k & sm)) * CS + base(k) + (j & sm)] : 0.f; },
+        pairs2([&](int i, int j, float x0, float x1) { *(float2 *)(T + i * TS + j) = make_float2(x0, x1); }));
     __syncthreads();
-    for (int e = threadIdx.x; e < I * 256; e += BT) {   /* T_IJ */
-      int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
-      float acc = 0.f;
-      for (int m = 16 * J; m < 16 * I; m++) acc += L[(16 * I + r) * CS + m] * M[m * CS + 16 * J + c];
-      T[r * C + 16 * J + c] = acc;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < I * 256; e += BT) {   /* M_IJ = -M_II T_IJ */
-      int J = e >> 8, r = (e >> 4) & 15, c = e & 15;
-      float acc = 0.f;
-      for (int m = 0; m <= r; m++) acc += M[(16 * I + r) * CS + 16 * I + m] * T[m * C + 16 * J + c];
-      M[(16 * I + r) * CS + 16 * J + c] = -acc;
-    }
+    /* M21^q = -M22^q T^q: [M22^q]_q blockdiag(T^q), into each pair's lower-left block */
+    mma_blk4<P_3TF32>(
+        s, H, H, [&](int i, int k) { return M[(base(k) + s + i) * CS + base(k) + s + (k & sm)]; },
+        [&](int k, int j) { return same(k, j) ? T[(k & sm) * TS + j] : 0.f; },
+        pairs2([&](int i, int j, float x0, float x1) {
+          *(float2 *)(M + (base(j) + s + i) * CS + base(j) + (j & sm)) = make_float2(-x0, -x1);
+        }));
   }
   __syncthreads();
 }
