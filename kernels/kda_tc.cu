@@ -333,24 +333,24 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
-  auto wout = [&](int i, int d, float c) { if (i < n) w.W[ROWI(i) * K16 + d] = d < K ? c : 0.f; };   /* PR (fp32 W) */
   auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
-  auto uout = [&](int i, int c, float x) { if (i < n && c < V) w.U[ROWI(i) * V + c] = x; };
-  /* the fast forms store a thread's two adjacent outputs at once (pairs2): W's row pitch K16 is
-   * even, U's V may not be (st2f then stores them one by one) */
+  /* a thread's two adjacent outputs in one store (pairs2): W's row pitch K16 is even, U's V
+   * may not be (st2f then stores them one by one) */
   auto wout2 = [&](int i, int d, float c0, float c1) {
-    if (i < n) st2b(w.Wb + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
+    if (i >= n) return;
+    if (PR) st2f(w.W + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
+    else st2b(w.Wb + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
   };
   auto uout2 = [&](int i, int c, float x0, float x1) {
     if (i < n && c < V) st2f(w.U + ROWI(i) * V + c, x0, x1, c + 1 < V);
   };
   if constexpr (PR)
-    mma_blk<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-                [&](int j, int d) { return ks[j * KS + d]; }, wout);
+    mma_blk4<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
+                 [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout2));
   else   /* Ms, ks hold tf32-rounded values (rounded where written) */
     mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout2));
   PH(8);
-  if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, uout);
+  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, pairs2(uout2));
   else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout2));
   PH(9);
 }

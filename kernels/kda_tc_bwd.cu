@@ -124,13 +124,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   cp_async_wait_all();
   __syncthreads();
   PH(1);
-  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; the precise forms store one output a call,
-   * the fast ones a row's two adjacent outputs (pairs2; K may be odd) */
+  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; a row's two adjacent outputs (pairs2; K may be odd) */
   auto dq_v = [&](int i, int d, float x) { return p.scale * x * kexp(Gs[i * GS + d]); };
   auto dki_v = [&](int i, int d, float x) { return x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]); };
-  auto dq_out = [&](int i, int d, float x) { if (i < n && d < K) w.dQ[ROWI(i) * K + d] = dq_v(i, d, x); };
-  auto dw_out = [&](int i, int d, float x) { if (i < n && d < K) w.dW[ROWI(i) * K + d] = -x; };
-  auto dki_out = [&](int i, int d, float x) { if (i < n && d < K) w.dKi[ROWI(i) * K + d] = dki_v(i, d, x); };
   auto dq_out2 = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, dq_v(i, d, x0), dq_v(i, d + 1, x1), d + 1 < K);
   };
@@ -163,11 +159,11 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     PH(3);
     mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out2));   /* dKi = Vn dS^T e^{Gn-G} */
   } else {
-    mma_blk<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
-                dq_out);
+    mma_blk4<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
+                 pairs2(dq_out2));
     PH(2);
-    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R1[d * VS + c]; },
-                dw_out);
+    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R1[d * VS + c]; },
+                 pairs2(dw_out2));
     __syncthreads();                               /* dVn (and without sep S0) read by every warp */
     if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
     cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
@@ -175,8 +171,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_async_wait_all();
     __syncthreads();
     PH(3);
-    mma_blk<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R3[d * VS + c]; },
-                dki_out);
+    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R3[d * VS + c]; },
+                 pairs2(dki_out2));
   }
   PH(4);
 }
@@ -270,44 +266,43 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     __syncthreads();
   }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
-  /* the fast forms' epilogues store a thread's two adjacent outputs at once (pairs2; pitches C,
-   * CS even); the precise forms keep one store an output: pairs there measured 2% slower
-   * (docs/kda.md, eighth pass) */
-  auto da_v = [&](int i, int j, float x) { return j <= i && j < n ? p.scale * x : 0.f; };
-  auto da_out = [&](int i, int j, float x) { if (i < n) w.dA[ROWI(i) * C + j] = da_v(i, j, x); };
-  auto da_out2 = [&](int i, int j, float x0, float x1) {
-    if (i < n) st2f(w.dA + ROWI(i) * C + j, da_v(i, j, x0), da_v(i, j + 1, x1), true);
+  /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
+   * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */
+  auto da_out = [&](int i, int j, float x0, float x1) {
+    auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
+    if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
   };
   if constexpr (PR)
-    mma_blk<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                      [&](int c, int j) { return VnF[j * VS + c]; }, da_out);
+    mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                       [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
   else
-    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out2));
+    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
   __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
   PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
   auto dm_a = [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; };
-  auto dm_v = [&](int i, int j, float x) { return j < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
-  auto dm_out = [&](int i, int j, float x) { dM[i * CS + j] = dm_v(i, j, x); };
-  auto dm_out2 = [&](int i, int j, float x0, float x1) {
-    *(float2 *)(dM + i * CS + j) = make_float2(dm_v(i, j, x0), dm_v(i, j + 1, x1));
+  auto dm_out = [&](int i, int j, float x0, float x1) {
+    auto v = [&](int jj, float x) { return jj < i && i < n ? (PR ? x : tf32r(x)) : 0.f; };
+    *(float2 *)(dM + i * CS + j) = make_float2(v(j, x0), v(j + 1, x1));
   };
   if constexpr (PR)
-    mma_blk<PT>(C, C, V16 + K16, dm_a,
-                [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; }, dm_out);
+    mma_blk4<PT>(C, C, V16 + K16, dm_a,
+                 [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
+                 pairs2(dm_out));
   else   /* [dVn | dW] and Kb by ldmatrix, bV formed per load */
     mma_tf2(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
-            tft{Kb, KS}, K16, pairs2(dm_out2));
+            tft{Kb, KS}, K16, pairs2(dm_out));
   __syncthreads();
   PH(2);
   /* X = dM M^T (tf32: the dL chain stays close to fp32) */
+  auto x_out = [&](int i, int j, float x0, float x1) {
+    *(float2 *)(X + i * CS + j) = PR ? make_float2(x0, x1) : make_float2(tf32r(x0), tf32r(x1));
+  };
   if constexpr (PR)
-    mma_blk<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
-                [&](int i, int j, float x) { X[i * CS + j] = x; });
+    mma_blk4<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
+                 pairs2(x_out));
   else
-    mma_tf(C, C, C, tft{dM, CS}, tft{Ms, CS}, pairs2([&](int i, int j, float x0, float x1) {
-             *(float2 *)(X + i * CS + j) = make_float2(tf32r(x0), tf32r(x1));
-           }));
+    mma_tf(C, C, C, tft{dM, CS}, tft{Ms, CS}, pairs2(x_out));
   __syncthreads();
   if constexpr (CM && !PR) {                       /* dM is dead: M^T in its place */
     for (int e = threadIdx.x; e < C * C; e += BT) MsT[(e % C) * CS + e / C] = Ms[e / C * CS + e % C];
@@ -317,23 +312,16 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   /* dL = -strict-tril(M^T X) */
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
   auto dl_v = [&](int i, int j, float x) { return j < i ? -x : 0.f; };
-  auto dl_out = [&](int i, int j, float x) { if (i < n) w.dL[ROWI(i) * C + j] = dl_v(i, j, x); };
   auto dl_out2 = [&](int i, int j, float x0, float x1) {
     if (i < n) st2f(w.dL + ROWI(i) * C + j, dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
   };
-  if constexpr (PR) mma_blk<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, dl_out);
+  if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out2));
   else mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out2));
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
    * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
   auto dvn_v = [&](int j, int c, float x) { return x * f(Vr[j * VB + c]); };
-  auto dv_out = [&](int j, int c, float x) {
-    if (j < n && c < V) {
-      stb(dv, ROWI(j) * V + c, bs[j] * x);
-      w.dvn[ROWI(j) * V + c] = dvn_v(j, c, x);
-    }
-  };
   auto dv_out2 = [&](int j, int c, float x0, float x1) {   /* V may be odd */
     if (j < n && c < V) {
       bool n1 = c + 1 < V;
@@ -341,16 +329,15 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       st2f(w.dvn + ROWI(j) * V + c, dvn_v(j, c, x0), dvn_v(j, c + 1, x1), n1);
     }
   };
-  if constexpr (PR) mma_blk<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_out);
+  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, pairs2(dv_out2));
   else mma_tf(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out2));
   PH(5);
   /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
-  auto dkb_out = [&](int j, int d, float x) { if (j < n && d < K) w.dKb[ROWI(j) * K + d] = x; };
   auto dkb_out2 = [&](int j, int d, float x0, float x1) {
     if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
   };
-  if constexpr (PR) mma_blk<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, dkb_out);
+  if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out2));
   else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out2));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
