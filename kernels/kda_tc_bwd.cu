@@ -403,6 +403,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   const int64_t g0 = ROWI(0) * K;
   float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
   PH_INIT(5);
+  float *Xd = X + 32 * KS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
@@ -419,21 +420,26 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
       cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
     }
+    /* the inter-chunk dKi into X's rows 32 .. 32 + C (free until the off-diagonal terms) and
+     * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
+     * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
+     * block at (8,2048,16,128)) */
+    cp_tile_f32(Xd, KS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
+    cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
   }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
   __syncthreads();
   PH(0);
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
-    /* rows split in 16-row groups, one thread per (group, column) (all the block's threads,
-     * 16 loads in flight each); the group sums go to X (free until the off-diagonal terms)
-     * and are added in group order */
+    /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
+     * the group sums go to X's first rows and are added in group order */
     int ng = (n + 15) / 16;
     for (int e = tid; e < ng * (int)K; e += BT) {
       int r0 = (e / (int)K) * 16, d = e % (int)K;
       float x[16], acc = 0;
 #pragma unroll
-      for (int u = 0; u < 16; u++) x[u] = r0 + u < n ? dKig[(r0 + u) * RS + d] : 0.f;
+      for (int u = 0; u < 16; u++) x[u] = Xd[(r0 + u) * KS + d];   /* zero past n */
 #pragma unroll
       for (int u = 0; u < 16; u++)
         if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
@@ -441,20 +447,19 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
     __syncthreads();
     for (int d = tid; d < K; d += BT) {
-      float acc = kexp(Gs[(n - 1) * KS + d]) * w.dgn[((int64_t)cb * HV + h) * K + d];
+      float acc = kexp(Gs[(n - 1) * KS + d]) * dGn[d];   /* dGn holds dgn, staged */
       for (int gq = 0; gq < ng; gq++) acc += X[gq * KS + d];
       dGn[d] = acc;
     }
   }
-  __syncthreads();                                  /* dKi read above before it is overwritten */
-  PH(1);
+  PH(1);                                            /* (the diagonal phase reads none of dGn, X) */
   /* inter parts of dG (into the dG tile) fused with the diagonal blocks (unfactored: any
    * decay). A thread owns one column d of one 16-row block: G and k of its 16 rows in
-   * registers, each pair's e^{G_i - G_j} formed once and used twice, as row i's term (dq_intra, R) and as
-   * column j's (dk_col);
-   * dA, dL are broadcast loads. Sums run in the same order as one element at a time (j up for
-   * a row, i up for a column). It was a thread per element recomputing each pair's exponent
-   * for the row and for the column terms and reloading G, k per pair: 31% of the kernel. */
+   * registers, each pair's e^{G_i - G_j} formed once and used twice, as row i's term
+   * (dq_intra, R) and as column j's (dk_col); dA, dL are broadcast loads. Sums run in the
+   * same order as one element at a time (j up for a row, i up for a column). It was a thread
+   * per element recomputing each pair's exponent for the row and for the column terms and
+   * reloading G, k per pair: 31% of the kernel. */
   for (int e = tid; e < (C / 16) * (int)K; e += BT) {
     int I0 = (e / (int)K) * 16, d = e % (int)K;
     if (I0 >= n) continue;
@@ -493,7 +498,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       for (int u = 0; u < 4; u++)
         if (I0 + i0 + u < n) {
           int gi = (I0 + i0 + u) * RS + d;
-          dkb[u] = dKbg[gi], dki[u] = dKig[gi], dq0[u] = dQg[gi];
+          dkb[u] = dKbg[gi], dki[u] = Xd[(I0 + i0 + u) * KS + d], dq0[u] = dQg[gi];
         }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -510,6 +515,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       }
     }
   }
+  __syncthreads();                                  /* the staged dKi (X's rows) read above */
   PH(2);
   /* Off-diagonal terms, in factored products (kda_tc.cuh). Every block's operands are staged
    * before one barrier and its products follow with none between them (their outputs are
