@@ -5,13 +5,13 @@
  *   memory): every step mirrors core/kda_ref.c in scalar fp32, described here.
  *
  * Pipeline (one value head h, chunk = C rows, tokens tt = absolute rows of the B*T axis):
- *   k_chunks     1 block: chunk table (seq, first token, rows) from cu_seqlens or B, T
- *   k_rows       per (token, value head): l2-normalised q, k; gate -> log-decay; beta
+ *   k_rows       per (token, value head): l2-normalised q, k; gate -> log-decay; beta; its
+ *                last block: the chunk table (seq, first token, rows) from cu_seqlens or B, T
  *   k_intra      per (chunk, head): G = cumsum g; Aqk (x s), L, M = (I+L)^-1 (forward
  *                substitution); W = M Kb, U = M (bV), kg = k e^{Gn-G}, qg = q e^G
  *   k_state_fwd  per (sequence, head, 32 V columns), sequential over chunks: Vn = U - W S,
  *                o = s qg S + Aqk Vn, S <- e^{Gn} S + kg^T Vn
- * Backward: k_chunks, k_rows, k_intra (recompute), then
+ * Backward: k_rows, k_intra (recompute), then
  *   k_state_bwd  per (sequence, head, V tile): forward sweep storing S per chunk and Vn, reverse
  *                sweep storing dS per chunk and dVn = Aqk^T dO + kg dS; dh0
  *   k_bwd_rows   per (chunk, head): dQ_inter, dKi, dW (contractions over V with S0, dS)
@@ -21,7 +21,7 @@
  * Every exponent is of a difference G_i - G_j with i >= j (or of G itself), so <= 0 when g <= 0:
  * nothing overflows for any decay strength.
  *
- * Files: this one holds the shared pipeline (k_chunks, k_rows, k_qk_bwd, k_gate_reduce) and the
+ * Files: this one holds the shared pipeline (k_rows with the chunk table, k_qk_bwd, k_gate_reduce) and the
  * host side of both versions; version 1's kernels and the decode are in kda_v1.cu, version 2's
  * in kda_tc.cu (intra, state passes) and kda_tc_bwd.cu (the chunk-parallel backward); what they
  * share (kp, the scratch layout ws, device helpers, the gate chain, the kernels' declarations)
@@ -74,8 +74,10 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
 /* Equal-length sequences (no cu_seqlens): chunk idx is chunk idx % nc of sequence idx / nc,
  * written by a thread each (H200, (8,2048,16,128): 8.5 -> 2.1 us; the serial loop below took
  * ~10 us at B = 32, 1% of a small fwd+bwd). Packed sequences: one thread walks them (sequence
- * starts need a prefix sum). */
-__global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
+ * starts need a prefix sum). One block does it: the last block of the row kernels below, which
+ * run beside it and read none of it (it was a kernel of its own, k_chunks, one more launch
+ * ahead of k_intra on every forward). */
+static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst) {
   if (!p.cu) {
     int64_t nc = (p.T + p.C - 1) / p.C;
     for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
@@ -86,7 +88,7 @@ __global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
     for (int64_t n = threadIdx.x; n <= p.B; n += blockDim.x) sfirst[n] = (int)(n * nc);
     return;
   }
-  if (threadIdx.x || blockIdx.x) return;
+  if (threadIdx.x) return;
   int64_t N = p.cu ? p.nseq : p.B, idx = 0;
   for (int64_t n = 0; n < N; n++) {
     int64_t bos, len;
@@ -107,7 +109,8 @@ __global__ void k_chunks(kp p, int64_t NTu, int *ctab, int *sfirst) {
  * sums, no block barriers. It was a block of 128 threads per row with two block sums: 0.35 ms
  * at (8,2048,16,128) for ~0.6 GB of traffic, scheduling-bound. */
 __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const void *beta,
-                       const float *A_log, const float *dt_bias, ws w) {
+                       const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
+  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst);
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.HV) return;
   int lane = threadIdx.x & 31;
@@ -159,7 +162,8 @@ static __device__ __forceinline__ float lane_group_sum(float v) {
  * H200, (8,2048,16,128): 206 -> 149 us. */
 template <int NJ, int LW>
 __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const void *beta,
-                        const float *A_log, const float *dt_bias, ws w) {
+                        const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
+  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst);
   int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
   bool live = row < p.B * p.T * p.HV;              /* LW < 32: a dead half still shuffles */
   if (LW == 32 && !live) return;
@@ -425,7 +429,7 @@ static void preload_kernels(int kv) {
   }
   for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
   ld((const void *)k_state_bwd_tc_db_pick(kv));
-  ld((const void *)k_chunks), ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
+  ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
   ld((const void *)k_qk_bwd);
@@ -524,15 +528,16 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
                  const ws &w, cudaStream_t st, const char *op, int tc, int prec) {
   int64_t NTu = n_chunks_max(a);
-  k_chunks<<<1, 256, 0, st>>>(p, NTu, w.ctab, w.sfirst);
-  LAUNCH_OK("k_chunks", "kda cuda");
+  /* each row kernel's grid has one more block, which writes the chunk table */
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
   if (a->K % 4 == 0 && al8 && a->K <= 64)
-    k_rows4<1, 16><<<(nbr + 1) / 2, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
-  else if (a->K % 4 == 0 && al8 && a->K <= 128) k_rows4<1, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
-  else if (a->K % 4 == 0 && al8 && a->K <= 256) k_rows4<2, 32><<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
-  else k_rows<<<nbr, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w);
+    k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+  else if (a->K % 4 == 0 && al8 && a->K <= 128)
+    k_rows4<1, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+  else if (a->K % 4 == 0 && al8 && a->K <= 256)
+    k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+  else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
   LAUNCH_OK("k_rows", "kda cuda");
   if (tc) {
     /* vt = 1: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others;
