@@ -336,22 +336,22 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
   /* a thread's two adjacent outputs in one store (pairs2): W's row pitch K16 is even, U's V
    * may not be (st2f then stores them one by one) */
-  auto wout2 = [&](int i, int d, float c0, float c1) {
+  auto wout = [&](int i, int d, float c0, float c1) {
     if (i >= n) return;
     if (PR) st2f(w.W + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
     else st2b(w.Wb + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
   };
-  auto uout2 = [&](int i, int c, float x0, float x1) {
+  auto uout = [&](int i, int c, float x0, float x1) {
     if (i < n && c < V) st2f(w.U + ROWI(i) * V + c, x0, x1, c + 1 < V);
   };
   if constexpr (PR)
     mma_blk4<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
-                 [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout2));
+                 [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout));
   else   /* Ms, ks hold tf32-rounded values (rounded where written) */
-    mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout2));
+    mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout));
   PH(8);
-  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, pairs2(uout2));
-  else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout2));
+  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, pairs2(uout));
+  else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout));
   PH(9);
 }
 template <bool PR, bool CM, int KV>

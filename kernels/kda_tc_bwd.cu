@@ -124,16 +124,17 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   cp_async_wait_all();
   __syncthreads();
   PH(1);
-  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; a row's two adjacent outputs (pairs2; K may be odd) */
+  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; each epilogue stores a row's two
+   * adjacent outputs at once (pairs2; K may be odd: st2f then stores them one by one) */
   auto dq_v = [&](int i, int d, float x) { return p.scale * x * kexp(Gs[i * GS + d]); };
   auto dki_v = [&](int i, int d, float x) { return x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]); };
-  auto dq_out2 = [&](int i, int d, float x0, float x1) {
+  auto dq_out = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, dq_v(i, d, x0), dq_v(i, d + 1, x1), d + 1 < K);
   };
-  auto dw_out2 = [&](int i, int d, float x0, float x1) {
+  auto dw_out = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dW + ROWI(i) * K + d, -x0, -x1, d + 1 < K);
   };
-  auto dki_out2 = [&](int i, int d, float x0, float x1) {
+  auto dki_out = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, dki_v(i, d, x0), dki_v(i, d + 1, x1), d + 1 < K);
   };
   /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
@@ -145,9 +146,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     if (sep) rows_to_bf16(R3, K16, VS, V16);
     __syncthreads();
     /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
-    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, pairs2(dq_out2));
+    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, pairs2(dq_out));
     PH(2);
-    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, pairs2(dw_out2));
+    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, pairs2(dw_out));
     __syncthreads();                               /* dVn (and without sep S0) read by every warp */
     if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
     cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
@@ -157,13 +158,12 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     if (!sep) rows_to_bf16(R3, K16, VS, V16);
     __syncthreads();
     PH(3);
-    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out2));   /* dKi = Vn dS^T e^{Gn-G} */
+    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
   } else {
-    mma_blk4<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, [&](int c, int d) { return R1[d * VS + c]; },
-                 pairs2(dq_out2));
+    auto s0t = [&](int c, int d) { return R1[d * VS + c]; };   /* S0^T */
+    mma_blk4<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, s0t, pairs2(dq_out));
     PH(2);
-    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R1[d * VS + c]; },
-                 pairs2(dw_out2));
+    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, s0t, pairs2(dw_out));
     __syncthreads();                               /* dVn (and without sep S0) read by every warp */
     if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
     cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
@@ -171,8 +171,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_async_wait_all();
     __syncthreads();
     PH(3);
-    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; }, [&](int c, int d) { return R3[d * VS + c]; },
-                 pairs2(dki_out2));
+    mma_blk4<PX>(C, K16, V16, [&](int i, int c) { return R2[i * VS + c]; },
+                 [&](int c, int d) { return R3[d * VS + c]; }, pairs2(dki_out));
   }
   PH(4);
 }
@@ -312,33 +312,33 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   /* dL = -strict-tril(M^T X) */
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
   auto dl_v = [&](int i, int j, float x) { return j < i ? -x : 0.f; };
-  auto dl_out2 = [&](int i, int j, float x0, float x1) {
+  auto dl_out = [&](int i, int j, float x0, float x1) {
     if (i < n) st2f(w.dL + ROWI(i) * C + j, dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
   };
-  if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out2));
-  else mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out2));
+  if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out));
+  else mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out));
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
    * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
   auto dvn_v = [&](int j, int c, float x) { return x * f(Vr[j * VB + c]); };
-  auto dv_out2 = [&](int j, int c, float x0, float x1) {   /* V may be odd */
+  auto dv_out = [&](int j, int c, float x0, float x1) {   /* V may be odd */
     if (j < n && c < V) {
       bool n1 = c + 1 < V;
       st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, n1);
       st2f(w.dvn + ROWI(j) * V + c, dvn_v(j, c, x0), dvn_v(j, c + 1, x1), n1);
     }
   };
-  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, pairs2(dv_out2));
-  else mma_tf(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out2));
+  if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, pairs2(dv_out));
+  else mma_tf(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out));
   PH(5);
   /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
-  auto dkb_out2 = [&](int j, int d, float x0, float x1) {
+  auto dkb_out = [&](int j, int d, float x0, float x1) {
     if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
   };
-  if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out2));
-  else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out2));
+  if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out));
+  else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
