@@ -320,9 +320,9 @@ static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, 
  * kernels' store epilogues: fwd+bwd (8,2048,16,128) 4.93 -> 4.74 ms, (8,512,4,64) 0.187 ->
  * 0.180; cycles a block: intra 55.3k -> 51.9k, rows 33.2k -> 30.1k, mat 49.9k -> 44.6k. Then
  * in the state passes' and the mat kernel's remaining fast epilogues: 4.76 -> 4.66 ms, 0.180
- * -> 0.176 (state_fwd 406.7k -> 355.7k cycles a block). The precise forms (mma_blk) keep one
- * store an output: with pairs they measured 2% slower (9.33 -> 9.51 ms; which epilogue, not
- * isolated) */
+ * -> 0.176 (state_fwd 406.7k -> 355.7k cycles a block). The precise chunk kernels' pairs
+ * neither gained nor lost; the precise state passes keep one store an output (mma_blk): with
+ * pairs they measured 2% slower (9.31 -> 9.48 ms) */
 template <class FE> static __device__ __forceinline__ auto pairs2(FE E2) {
   return [=](int i, int j, float c0, float c1, float c2, float c3) {
     E2(i, j, c0, c1);
