@@ -21,8 +21,8 @@
  * Every exponent is of a difference G_i - G_j with i >= j (or of G itself), so <= 0 when g <= 0:
  * nothing overflows for any decay strength.
  *
- * Files: this one holds the shared pipeline (k_rows with the chunk table, k_qk_bwd, k_gate_reduce) and the
- * host side of both versions; version 1's kernels and the decode are in kda_v1.cu, version 2's
+ * Files: this one holds the shared pipeline (k_rows with the chunk table, k_qk_bwd,
+ * k_gate_reduce) and the host side of both versions; version 1's kernels and the decode are in kda_v1.cu, version 2's
  * in kda_tc.cu (intra, state passes) and kda_tc_bwd.cu (the chunk-parallel backward); what they
  * share (kp, the scratch layout ws, device helpers, the gate chain, the kernels' declarations)
  * is in kda_common.cuh. */
@@ -364,7 +364,6 @@ static int check_common(const kda_kda_args *a, const char *op) {
                          "call; split the batch", op, (long long)nsb, BVT);
   return 0;
 }
-
 
 /* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias
  * are sums of dg over tokens (and key dims) whose terms cancel, so their relative error is dg's

@@ -525,7 +525,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * precise 9.40 -> 9.31, this kernel 80.9k -> 78.4k cycles a block.
    * Row terms: block I (rows r = 16 I ..) against columns j < r, factored around row r; X_I =
    * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
-   * C + 32). The previous barrier (after dGn) and the one below order X and dG. */
+   * C + 32). The previous barrier (after the diagonal blocks) and the one below order X and
+   * dG. */
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
   auto xo = [](int I) { return 8 * I * (I - 1); };
   for (int I = 1; I < nI; I++) {

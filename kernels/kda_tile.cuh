@@ -3,7 +3,7 @@
  *   mma_blk / mma_blk4 / mma_blk4_3x   operands through accessors (any layout, computed values),
  *                                      bf16, tf32 or split-tf32 precision;
  *   mma_ldm                            bf16 tiles through ldmatrix (bt);
- *   mma_tf / mma_tf1                   tf32 from tiles holding tf32-rounded values (tft, ldmatrix)
+ *   mma_tf / mma_tf2                   tf32 from tiles holding tf32-rounded values (tft, ldmatrix)
  *                                      or accessors returning them;
  *   cp_tile_f32 / cp_tile_bf16, batched  global -> shared staging (cp.async, batched loads);
  *   each4 / pairs2, st2f / st2b        epilogues of one output, or of a row's two adjacent
@@ -358,11 +358,6 @@ template <class FE> static __device__ __forceinline__ auto each4(FE E) {
     E(i + 8, j, c2);
     E(i + 8, j + 1, c3);
   };
-}
-/* mma_tf with one element per epilogue call (as mma_blk) */
-template <class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_tf1(int M, int N, int Kd, FA A, FB B, FE E) {
-  mma_tf(M, N, Kd, A, B, each4(E));
 }
 
 /* bf16 tile [C][ds] <- rows of a bf16 [T, HV, V] tensor: 16-byte cp.async when V % 8 == 0 and

@@ -16,8 +16,8 @@
  * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
  * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the state passes
  * with one set of chunk tiles (KDA_KDA_STATE_DB=0), every version-2 kernel's run-time shapes
- * instead of its K = V = 64 / 128 instantiations (KDA_KDA_KV=0); the quick run does the first only, the
- * variables pass through to it.
+ * instead of its K = V = 64 / 128 instantiations (KDA_KDA_KV=0); the quick run does the first
+ * only, the variables pass through to it.
  * Prints ok / FAIL lines and "N passed, N failed"; with no GPU: a note and "0 passed, 0 failed".
  * Build: see benches/kda_gpu.sh.                                                              */
 #include <cuda_bf16.h>
