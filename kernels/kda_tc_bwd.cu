@@ -534,7 +534,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * keep mma_blk4. The column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit
    * values) is staged per block into q's first 16 rows, dead since the diagonal blocks. */
   constexpr bool LDM = !PR && !CM;
-  auto rnd4 = [](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
+  auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
   auto xo = [](int I) { return 8 * I * (I - 1); };
   for (int I = 1; I < nI; I++) {
