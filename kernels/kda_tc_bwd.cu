@@ -527,6 +527,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
    * C + 32). The previous barrier (after the diagonal blocks) and the one below order X and
    * dG. */
+  /* The fast form's operands are rounded to tf32 where written (X, and the wide layout's dA, dL
+   * in place once the diagonal blocks have read them at fp32) and the products take them by
+   * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
+   * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
+   * keep mma_blk4. The column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit
+   * values) is staged per block into q's first 16 rows, dead since the diagonal blocks. */
+  constexpr bool LDM = !PR && !CM;
+  auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
   auto xo = [](int I) { return 8 * I * (I - 1); };
   for (int I = 1; I < nI; I++) {
@@ -536,10 +544,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(XI + j * KS + d) = make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
-                                                 kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w));
+      *(float4 *)(XI + j * KS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+                                                      kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
     }
   }
+  if constexpr (LDM)                                /* dA, dL from here MMA operands only (tf32) */
+    for (int e = tid; e < 2 * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
   __syncthreads();
   PH(3);
   for (int I = 1; I < nI; I++) {
@@ -548,39 +558,41 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     /* a tile's 4 outputs: rows ii, ii+8 of one half (dQ rows, then dKb rows), columns d0, d0+1 */
     auto at = [&](int ii, int d0) { return epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; }); };
     struct pre4 { float a[4]; };
-    mma_blk4<PT>(32, K16, r,
-                 [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
-                 [&](int j, int d) { return XI[j * KS + d]; },
-                 [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
-                   float x[4] = {c0, c1, c2, c3};
-                   const epi4 e = at(ii, d0);
-                   /* a row's two columns (u, u + 1) in one global store (pairs2) */
+    auto xb = [&](int j, int d) { return XI[j * KS + d]; };
+    auto epi = [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+      float x[4] = {c0, c1, c2, c3};
+      const epi4 e = at(ii, d0);
+      /* a row's two columns (u, u + 1) in one global store (pairs2) */
 #pragma unroll
-                   for (int u = 0; u < 4; u += 2)
-                     if (e.ok[u]) {
-                       bool n1 = e.ok[u + 1];
-                       int si = e.r[u] * KS + d0;
-                       float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
-                       float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
-                       float *dst = (ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0;
-                       st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-                       if (ii < 16) {
-                         dGs[si] += qs[si] * y0;
-                         if (n1) dGs[si + 1] += qs[si + 1] * y1;
-                       }
-                     }
-                 },
-                 [&](int ii, int d0) {
-                   const epi4 e = at(ii, d0);
-                   pre4 pf;
+      for (int u = 0; u < 4; u += 2)
+        if (e.ok[u]) {
+          bool n1 = e.ok[u + 1];
+          int si = e.r[u] * KS + d0;
+          float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
+          float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
+          float *dst = (ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0;
+          st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+          if (ii < 16) {
+            dGs[si] += qs[si] * y0;
+            if (n1) dGs[si + 1] += qs[si + 1] * y1;
+          }
+        }
+    };
+    auto pre = [&](int ii, int d0) {
+      const epi4 e = at(ii, d0);
+      pre4 pf;
 #pragma unroll
-                   for (int u = 0; u < 4; u += 2)
-                     if (e.ok[u]) {
-                       float2 v = ld2f((ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0, e.ok[u + 1]);
-                       pf.a[u] = v.x, pf.a[u + 1] = v.y;
-                     }
-                   return pf;
-                 });
+      for (int u = 0; u < 4; u += 2)
+        if (e.ok[u]) {
+          float2 v = ld2f((ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0, e.ok[u + 1]);
+          pf.a[u] = v.x, pf.a[u + 1] = v.y;
+        }
+      return pf;
+    };
+    if constexpr (LDM) mma_tf(32, K16, r, tft2{dAs + r * CS, dLs + r * CS, CS}, xb, epi, pre);
+    else
+      mma_blk4<PT>(32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
+                   xb, epi, pre);
   }
   PH(4);
   /* Column terms: block J against rows i > r' = 16 J + 15, factored around r'; X_J = [q_i ;
@@ -588,10 +600,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * together (at C = 64: {0}, {1, 2}). */
   auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
   for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
-    int xrows = 0;
-    for (J1 = J0; J1 < nI - 1 && xrows + 2 * m16of(J1) <= C + 32; J1++) xrows += 2 * m16of(J1);
-    __syncthreads();                                /* the previous products' reads of X done */
-    for (int J = J0, xoff = 0; J < J1; xoff += 2 * m16of(J), J++) {
+    int xrows = 0, atcols = 0;
+    for (J1 = J0; J1 < nI - 1 && xrows + 2 * m16of(J1) <= C + 32; J1++)
+      xrows += 2 * m16of(J1), atcols += 2 * m16of(J1) + 4;
+    const bool ldm = LDM && atcols <= KS;           /* the group's A tiles fit q's first 16 rows */
+    __syncthreads();                                /* the previous products' reads of X (and A) done */
+    for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
       float *XJ = X + xoff * KS;
       for (int e = tid; e < m16 * (K16 / 4); e += BT) {
@@ -602,53 +616,63 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
                  qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
           float b = bs[i];
           float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
-          x0 = make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w);
-          x1 = make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w);
+          x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+          x1 = rnd4(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
         }
         *(float4 *)(XJ + ii * KS + d) = x0, *(float4 *)(XJ + (m16 + ii) * KS + d) = x1;
       }
+      if (ldm)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+        for (int e = tid; e < 32 * m16; e += BT) {
+          int k = e >> 4, jj = e & 15, j = 16 * J + jj;
+          float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
+                            : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
+          qs[aoff + jj * (2 * m16 + 4) + k] = a;   /* dA, dL already tf32 (LDM) */
+        }
     }
     __syncthreads();
     PH(5);
-    for (int J = J0, xoff = 0; J < J1; xoff += 2 * m16of(J), J++) {
+    for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
       const float *XJ = X + xoff * KS;
       auto at = [&](int jj, int d0) { return epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; }); };
       struct pre4 { float a[4]; };
-      mma_blk4<PT>(16, K16, 2 * m16,
-                   [&](int jj, int k) {
-                     int j = 16 * J + jj;
-                     if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
-                     k -= m16;
-                     return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
-                   },
-                   [&](int k, int d) { return XJ[k * KS + d]; },
-                   [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
-                     float x[4] = {c0, c1, c2, c3};
-                     const epi4 e = at(jj, d0);
+      auto xb = [&](int k, int d) { return XJ[k * KS + d]; };
+      auto epi = [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+        float x[4] = {c0, c1, c2, c3};
+        const epi4 e = at(jj, d0);
 #pragma unroll
-                     for (int u = 0; u < 4; u += 2)     /* a row's two columns in one global store */
-                       if (e.ok[u]) {
-                         bool n1 = e.ok[u + 1];
-                         int sj = e.r[u] * KS + d0;
-                         float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
-                         float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
-                         st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-                         dGs[sj] -= ks[sj] * y0;
-                         if (n1) dGs[sj + 1] -= ks[sj + 1] * y1;
-                       }
-                   },
-                   [&](int jj, int d0) {
-                     const epi4 e = at(jj, d0);
-                     pre4 pf;
+        for (int u = 0; u < 4; u += 2)              /* a row's two columns in one global store */
+          if (e.ok[u]) {
+            bool n1 = e.ok[u + 1];
+            int sj = e.r[u] * KS + d0;
+            float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
+            float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
+            st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+            dGs[sj] -= ks[sj] * y0;
+            if (n1) dGs[sj + 1] -= ks[sj + 1] * y1;
+          }
+      };
+      auto pre = [&](int jj, int d0) {
+        const epi4 e = at(jj, d0);
+        pre4 pf;
 #pragma unroll
-                     for (int u = 0; u < 4; u += 2)
-                       if (e.ok[u]) {
-                         float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
-                         pf.a[u] = v.x, pf.a[u + 1] = v.y;
-                       }
-                     return pf;
-                   });
+        for (int u = 0; u < 4; u += 2)
+          if (e.ok[u]) {
+            float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
+            pf.a[u] = v.x, pf.a[u + 1] = v.y;
+          }
+        return pf;
+      };
+      if (ldm) mma_tf(16, K16, 2 * m16, tft{qs + aoff, 2 * m16 + 4}, xb, epi, pre);
+      else
+        mma_blk4<PT>(16, K16, 2 * m16,
+                     [&](int jj, int k) {
+                       int j = 16 * J + jj;
+                       if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                       k -= m16;
+                       return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
+                     },
+                     xb, epi, pre);
     }
     PH(6);
   }

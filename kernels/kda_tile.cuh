@@ -229,16 +229,17 @@ struct bt {
  * (so every call with the same (M, N) gives an element the same thread): acc(i0, j0, c)
  * accumulates a tile's two 16x8 halves into c[0], c[1] (mma C fragments), then E4 gets each
  * half as mma_blk4 hands its tiles. mma_ldm and mma_tf2 are this loop with their fragments. */
-template <class FK, class FE>
-static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4) {
+template <class FK, class FE, class FL = no_pre>
+static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4, FL L = FL()) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
   int tn = N >> 4, nt = (M >> 4) * tn;
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
+    const auto pre0 = L(i0 + g, j0 + 2 * t), pre1 = L(i0 + g, j0 + 8 + 2 * t);   /* before the MMAs */
     float c[2][4] = {};
     acc(i0, j0, c);
-    E4(i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3]);
-    E4(i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3]);
+    epi_call<FL>(E4, i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3], pre0);
+    epi_call<FL>(E4, i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3], pre1);
   }
 }
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
@@ -279,11 +280,17 @@ struct tft {
   const float *p;
   int ld;
 };
+/* an A operand of M = 32 rows from two tiles of one pitch: rows 0-15 at p0, 16-31 at p1 */
+struct tft2 {
+  const float *p0, *p1;
+  int ld;
+};
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product), each operand
  * a tile or an accessor as above */
-template <class FA0, class FB0, class FA1, class FB1, class FE>
-static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int K0, FA1 A1, FB1 B1, int K1, FE E4) {
+template <class FA0, class FB0, class FA1, class FB1, class FE, class FL = no_pre>
+static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int K0, FA1 A1, FB1 B1, int K1, FE E4,
+                                               FL L = FL()) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) {
     auto seg = [&](auto A, auto B, int Kd) {
@@ -293,6 +300,8 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
       for (int k0 = 0; k0 < Kd; k0 += 8) {
         uint32_t a[4], b[4];
         if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
+        else if constexpr (std::is_same<TA, tft2>::value)
+          ldsm_tf32_a(a, i0 < 16 ? A.p0 : A.p1 - 16 * A.ld, A.ld, i0, k0, lane);
         else {
           a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
           a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
@@ -308,11 +317,12 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
     };
     seg(A0, B0, K0);
     if (K1) seg(A1, B1, K1);
-  }, E4);
+  }, E4, L);
 }
-template <class FA, class FB, class FE>
-static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4) {
-  mma_tf2(M, N, A, B, Kd, A, B, 0, E4);
+/* L (optional): the epilogue's global loads, as mma_blk4's */
+template <class FA, class FB, class FE, class FL = no_pre>
+static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4, FL L = FL()) {
+  mma_tf2(M, N, A, B, Kd, A, B, 0, E4, L);
 }
 /* a two-column epilogue E2(i, j, c_j, c_j+1) as an E4: a thread's outputs of one row are two
  * adjacent columns (j even), so a store epilogue can write them with one 8-byte (fp32) or
