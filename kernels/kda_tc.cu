@@ -432,39 +432,49 @@ enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_DO = 64 };
 template <class T>
 static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
                                 int64_t h, int64_t c0, const void *dout, int parts) {
-  int64_t HV = p.HV, V = p.V;
+  int64_t HV = p.HV, V = p.V, r0 = t0 * HV + h;  /* r0: the global row of chunk row 0 */
   constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
   int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
-  if (parts & (SG_W | SG_QG | SG_KG))
+  /* chunk row i of a [T, HV, n] tensor is i HV n elements past row 0: per-element offsets in
+   * 32 bits from row pointers formed once (64-bit index products per element were most of
+   * these passes' integer work: ncu, 28% of k_state_fwd_tc_db's instructions IMAD) */
+  const int HVK = (int)HV * K16, HVC = (int)HV * C, HVV = (int)(HV * V);
+  if (parts & (SG_W | SG_QG | SG_KG)) {
+    const T *Wg = st_src<T>::W(w) + r0 * K16, *Qg = st_src<T>::qg(w) + r0 * K16, *Kg = st_src<T>::kg(w) + r0 * K16;
     for (int e = threadIdx.x; e < C * kc; e += BT) {
       int i = e / kc, d = (e % kc) << LE;
       bool ok = i < m;
-      int64_t gi = ((t0 + (ok ? i : 0)) * HV + h) * K16 + d;
-      if (parts & SG_W) cp_async16(t.W + i * t.KB + d, st_src<T>::W(w) + gi, ok);
-      if (parts & SG_QG) cp_async16(t.qg + i * t.KB + d, st_src<T>::qg(w) + gi, ok);
-      if (parts & SG_KG) cp_async16(t.kg + i * t.KB + d, st_src<T>::kg(w) + gi, ok);
+      int gi = (ok ? i : 0) * HVK + d;
+      if (parts & SG_W) cp_async16(t.W + i * t.KB + d, Wg + gi, ok);
+      if (parts & SG_QG) cp_async16(t.qg + i * t.KB + d, Qg + gi, ok);
+      if (parts & SG_KG) cp_async16(t.kg + i * t.KB + d, Kg + gi, ok);
     }
-  if (parts & SG_A)
+  }
+  if (parts & SG_A) {
+    const T *Ag = st_src<T>::A(w) + r0 * C;
     for (int e = threadIdx.x; e < C * cc; e += BT) {
       int i = e / cc, j = (e % cc) << LE;
       bool ok = i < m;
-      cp_async16(t.A + i * t.CB + j, st_src<T>::A(w) + ((t0 + (ok ? i : 0)) * HV + h) * C + j, ok);
+      cp_async16(t.A + i * t.CB + j, Ag + (ok ? i : 0) * HVC + j, ok);
     }
-  if (parts & SG_U)
+  }
+  if (parts & SG_U) {
+    const float *Ug = w.U + r0 * V + c0;
     cp_tile_f32(t.Vn, t.SB, C, BVT, m, (int)(V - c0 < BVT ? V - c0 : BVT), V % 4 == 0,
-                [&](int i) { return w.U + ((t0 + i) * HV + h) * V + c0; });
+                [&](int i) { return Ug + i * HVV; });
+  }
   if (parts & SG_DO) {
-    const bf16 *g = (const bf16 *)dout;
+    const bf16 *g = (const bf16 *)dout + r0 * V + c0;
     if (V % 8 == 0 && al16(dout)) {
       for (int e = threadIdx.x; e < C * (BVT / 8); e += BT) {
         int i = e / (BVT / 8), c = (e % (BVT / 8)) << 3;
         bool ok = i < m && c0 + c < V;
-        cp_async16(t.dO + i * t.DB + c, g + ((t0 + (ok ? i : 0)) * HV + h) * V + c0 + (ok ? c : 0), ok);
+        cp_async16(t.dO + i * t.DB + c, g + (ok ? i * HVV + c : 0), ok);
       }
     } else
       for (int e = threadIdx.x; e < C * BVT; e += BT) {
         int i = e / BVT, c = e % BVT;
-        t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[((t0 + i) * HV + h) * V + c0 + c] : __float2bfloat16(0.f);
+        t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[i * HVV + c] : __float2bfloat16(0.f);
       }
   }
 }
@@ -508,12 +518,14 @@ template <int P, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
+    float *vn0 = vn ? vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
+    const int HVV = (int)(p.HV * p.V);
     mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
             pairs2([&](int r, int c, float x0, float x1) {
               float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
               float v0 = u.x - x0, v1 = u.y - x1;
               *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
-              if (vn && r < m && c0 + c < p.V) st2f(vn + ((t0 + r) * p.HV + h) * p.V + c0 + c, v0, v1, c0 + c + 1 < p.V);
+              if (vn0 && r < m && c0 + c < p.V) st2f(vn0 + r * HVV + c, v0, v1, c0 + c + 1 < p.V);
             }));
     return;
   }
@@ -596,6 +608,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
   PH_INIT(1);
@@ -604,6 +617,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
     int64_t t0 = w.ctab[4 * ci + 1];
+    bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vb, S, en */
     if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
@@ -621,7 +635,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     /* o = [s qg | Aqk] [S ; Vn] in one K-concatenated MMA */
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
-              if (r < m && c0 + c < V) st2b((bf16 *)o + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+              if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
             }));
     st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
@@ -665,6 +679,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
   kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, true);
   PH_INIT(1);
@@ -676,6 +691,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
    * two with fixed roles, so the sets' pointers stay in registers) */
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
     int64_t t0 = w.ctab[4 * ci + 1];
+    bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
     if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
@@ -690,7 +706,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
     PH(1);
     mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
-              if (r < m && c0 + c < V) st2b((bf16 *)o + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+              if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
             }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* o done with Sb before the update writes it */
@@ -774,6 +790,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   st_tiles<T> t = st_carve<T>(p, sm);
   PH_INIT(2);
@@ -789,6 +806,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   cp_async_commit();
   for (int ci = cl - 1; ci >= cf; ci--) {
     int64_t t0 = w.ctab[4 * ci + 1];
+    float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
     st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
@@ -806,7 +824,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
       mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
               pairs2([&](int r, int c, float x0, float x1) {
                 *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
-                if (r < m && c0 + c < V) st2f(w.dvn + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+                if (r < m && c0 + c < V) st2f(dvn0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
               }));
     else   /* B = dO (bf16 data, exact) for k < C */
       mma_blk4_3x<P>(p.C, BVT, p.C + t.K16,
@@ -862,6 +880,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
   kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, false);
   PH_INIT(2);
@@ -871,6 +890,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
   cp_async_commit();
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
     int64_t t0 = w.ctab[4 * ci + 1];
+    float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
     st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
@@ -884,7 +904,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
     mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) {
               *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
-              if (r < m && c0 + c < V) st2f(w.dvn + ((t0 + r) * HV + h) * V + c0 + c, x0, x1, c0 + c + 1 < V);
+              if (r < m && c0 + c < V) st2f(dvn0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
             }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */
