@@ -1,7 +1,8 @@
 /* kda_bench.cu — time the CUDA KDA forward and forward+backward (kernels/kda_cuda.cu).
  * Shapes (B,T,H,D) with H = HV, K = V = D, bf16, pre-gated g = logsigmoid(randn), beta =
  * sigmoid(randn), q/k l2norm in kernel, chunk 64. For each shape: first-call time, then the
- * median of warm reps (cudaEvents), and inside a CUDA graph for the small shapes.
+ * median of warm reps (cudaEvents), and inside a CUDA graph for the small shapes
+ * (KDA_BENCH_TOUCH=1: the fresh buffers written once before the first call).
  * FLOP counts: KDA.md §8 "executed" formulas; bytes: the fused-ideal I/O (read q,k,v,g,beta,
  * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
  * from the bandwidth floor the kernels are.                                                    */
@@ -122,6 +123,16 @@ int main() {
     CK(cudaMalloc(&x.dv, n * 2)); CK(cudaMalloc(&x.dg, n * 2)); CK(cudaMalloc(&x.db, nb * 2));
     x.wsb = kda_kda_cuda_workspace_bytes(&a, 1);
     CK(cudaMalloc(&x.ws, x.wsb));
+    /* KDA_BENCH_TOUCH=1: write every fresh output and workspace buffer once before the first
+     * call, so that its time holds no first touch of new memory (what a trainer's arena, zeroed
+     * at start, never pays in its first step) */
+    const char *touch = getenv("KDA_BENCH_TOUCH");
+    if (touch && *touch == '1') {
+      void *fresh[] = {x.o, x.dq, x.dk, x.dv, x.dg};
+      for (void *p : fresh) CK(cudaMemset(p, 0, n * 2));
+      CK(cudaMemset(x.db, 0, nb * 2));
+      CK(cudaMemset(x.ws, 0, x.wsb));
+    }
     double K = D, V = D, Cd = C, tokh = (double)B * T * H;
     double ffwd = 40.0 * 256 * K / Cd + 2 * Cd * K + 2 * Cd * V + 4 * K * V + 2 * K * V + 2 * Cd * V +
                   450 + 16 * 2 * 4096 / Cd;
