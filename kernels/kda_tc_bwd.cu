@@ -341,16 +341,32 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
-  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  for (int j = wp; j < n; j += BT / 32) {          /* dbeta_WY: fixed-order warp sums */
-    float acc = 0;
-    for (int64_t c = lane; c < V; c += 32) acc += w.dvn[ROWI(j) * V + c];
-    for (int64_t d = lane; d < K; d += 32) {
-      int64_t gi = ROWI(j) * K + d;
-      acc += w.dKb[gi] * w.kn[gi] * kexp(w.G[gi]);
+  /* dbeta_WY: fixed-order warp sums. A warp's rows go RB at a time, all their loads before any
+   * store: one row at a time, lane 0's store of a row's sum (it might alias) held the next
+   * row's loads behind it, a global round trip a row (the phase was 7.3k of 45.0k cycles a
+   * block at (8,2048,16,128)). Same rows a warp, same order in a row: the same sums. */
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, NW = BT / 32;
+  constexpr int RB = 4;
+  for (int j0 = wp; j0 < n; j0 += RB * NW) {
+    float acc[RB];
+#pragma unroll
+    for (int u = 0; u < RB; u++) {
+      const int j = j0 + u * NW;
+      acc[u] = 0;
+      if (j >= n) continue;                         /* warp-uniform */
+      for (int64_t c = lane; c < V; c += 32) acc[u] += w.dvn[ROWI(j) * V + c];
+      for (int64_t d = lane; d < K; d += 32) {
+        int64_t gi = ROWI(j) * K + d;
+        acc[u] += w.dKb[gi] * w.kn[gi] * kexp(w.G[gi]);
+      }
     }
-    acc = kc_warp_sum(acc);
-    if (!lane) w.db[ROWI(j)] = acc;
+#pragma unroll
+    for (int u = 0; u < RB; u++) {
+      const int j = j0 + u * NW;
+      if (j >= n) break;
+      float s = kc_warp_sum(acc[u]);
+      if (!lane) w.db[ROWI(j)] = s;
+    }
   }
   PH(7);
 }
@@ -366,18 +382,20 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
- * smem fp32: q, k, G [C][KS]; X [C+32][KS] (factored operands); dA, dL [C][CS]; b, dbi [C];
+ * smem fp32: q, k, G [C][KS]; X [C+32][K16+8] (factored operands; [KS] compact); dA, dL [C][CS]; b, dbi [C];
  * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
  * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads) */
-size_t smem_final_tc(int64_t C, int64_t K) {
+size_t smem_final_tc(int64_t C, int64_t K) {   /* the wide layout: X's rows of r16(K) + 8 */
   int64_t KS = r16(K) + 4;
-  return (size_t)((3 * C + C + 32) * KS + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
+  return (size_t)(3 * C * KS + (C + 32) * (KS + 4) + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
 }
 /* The compact layout (CM) for small heads: dA (lower triangle and diagonal) and dL (strictly
  * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries fill
- * columns C-i .. C-1 exactly). K = 64, chunk 64: 114.0 KB instead of 131.5, two blocks an SM at
+ * columns C-i .. C-1 exactly). K = 64, chunk 64: 114.0 KB instead of 133.0, two blocks an SM at
  * 256 threads (128 registers). */
-size_t smem_final_tc_compact(int64_t C, int64_t K) { return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4; }
+size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL tile, X's rows of KS */
+  return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4;
+}
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
@@ -391,7 +409,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
-  float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * KS,
+  /* X's pitch: X is only ever a B operand read by scalar fragment loads (rows k0 + lane % 4,
+   * columns j0 + lane / 4), which fall in 32 distinct banks at r16 + 8 (two-way conflicts at
+   * KS = r16 + 4); the compact layout keeps KS (its 1.5 KB more would not let two blocks share
+   * an SM) */
+  const int XS = CM ? KS : K16 + 8;
+  float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * XS,
         *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS), *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
   /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
    * (smem_final_tc_compact) */
@@ -403,7 +426,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   const int64_t g0 = ROWI(0) * K;
   float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
   PH_INIT(5);
-  float *Xd = X + 32 * KS;                          /* the staged dKi, until the off-diagonal terms */
+  float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
     cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
@@ -424,7 +447,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
      * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
      * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
      * block at (8,2048,16,128)) */
-    cp_tile_f32(Xd, KS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
+    cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
   }
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
@@ -439,16 +462,16 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       int r0 = (e / (int)K) * 16, d = e % (int)K;
       float x[16], acc = 0;
 #pragma unroll
-      for (int u = 0; u < 16; u++) x[u] = Xd[(r0 + u) * KS + d];   /* zero past n */
+      for (int u = 0; u < 16; u++) x[u] = Xd[(r0 + u) * XS + d];   /* zero past n */
 #pragma unroll
       for (int u = 0; u < 16; u++)
         if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
-      X[(r0 / 16) * KS + d] = acc;
+      X[(r0 / 16) * XS + d] = acc;
     }
     __syncthreads();
     for (int d = tid; d < K; d += BT) {
       float acc = kexp(Gs[(n - 1) * KS + d]) * dGn[d];   /* dGn holds dgn, staged */
-      for (int gq = 0; gq < ng; gq++) acc += X[gq * KS + d];
+      for (int gq = 0; gq < ng; gq++) acc += X[gq * XS + d];
       dGn[d] = acc;
     }
   }
@@ -491,23 +514,27 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
           col[j] += (a * qi + 0.f) * E;
       }
     }
+    /* EB elements' global loads in flight (their stores, which might alias, end a group): 8 in
+     * the compiled wide forms (2 round trips a thread instead of 4; no spills), 4 in the compact
+     * and run-time ones (at 8 their 128 registers a thread spill) */
+    constexpr int EB = CM || !KV ? 4 : 8;
 #pragma unroll
-    for (int i0 = 0; i0 < 16; i0 += 4) {            /* 4 elements' global loads in flight */
-      float dkb[4], dki[4], dq0[4];
+    for (int i0 = 0; i0 < 16; i0 += EB) {
+      float dkb[EB], dq0[EB];
 #pragma unroll
-      for (int u = 0; u < 4; u++)
+      for (int u = 0; u < EB; u++)
         if (I0 + i0 + u < n) {
           int gi = (I0 + i0 + u) * RS + d;
-          dkb[u] = dKbg[gi], dki[u] = Xd[(I0 + i0 + u) * KS + d], dq0[u] = dQg[gi];
+          dkb[u] = dKbg[gi], dq0[u] = dQg[gi];
         }
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
+      for (int u = 0; u < EB; u++) {
         int i = i0 + u;
         if (I0 + i >= n) break;
         int gi = (I0 + i) * RS + d;
         float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = kexp(Gs[(I0 + i) * KS + d]),
-              b = bs[I0 + i];                      /* reloaded: gr, kr die after the pair loop */
-        float dG0 = q * dq0[u] - k * dki[u] + b * k * eg * dkb[u], dKi0 = dki[u] + dkb[u] * b * eg;
+              b = bs[I0 + i], dki = Xd[(I0 + i) * XS + d];   /* reloaded: gr, kr die after the pair loop */
+        float dG0 = q * dq0[u] - k * dki + b * k * eg * dkb[u], dKi0 = dki + dkb[u] * b * eg;
         dQg[gi] = dq0[u] + dqi[i];
         dKbg[gi] = R[i];
         dKig[gi] = dKi0 + col[i];
@@ -539,12 +566,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   auto xo = [](int I) { return 8 * I * (I - 1); };
   for (int I = 1; I < nI; I++) {
     int r = 16 * I;
-    float *XI = X + xo(I) * KS;
+    float *XI = X + xo(I) * XS;
     for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
       int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
-      *(float4 *)(XI + j * KS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+      *(float4 *)(XI + j * XS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
                                                       kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
     }
   }
@@ -554,11 +581,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   PH(3);
   for (int I = 1; I < nI; I++) {
     int r = 16 * I;
-    const float *XI = X + xo(I) * KS;
+    const float *XI = X + xo(I) * XS;
     /* a tile's 4 outputs: rows ii, ii+8 of one half (dQ rows, then dKb rows), columns d0, d0+1 */
     auto at = [&](int ii, int d0) { return epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; }); };
     struct pre4 { float a[4]; };
-    auto xb = [&](int j, int d) { return XI[j * KS + d]; };
+    auto xb = [&](int j, int d) { return XI[j * XS + d]; };
     auto epi = [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
       float x[4] = {c0, c1, c2, c3};
       const epi4 e = at(ii, d0);
@@ -607,7 +634,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     __syncthreads();                                /* the previous products' reads of X (and A) done */
     for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
-      float *XJ = X + xoff * KS;
+      float *XJ = X + xoff * XS;
       for (int e = tid; e < m16 * (K16 / 4); e += BT) {
         int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
         float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
@@ -619,7 +646,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
           x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
           x1 = rnd4(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
         }
-        *(float4 *)(XJ + ii * KS + d) = x0, *(float4 *)(XJ + (m16 + ii) * KS + d) = x1;
+        *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
       }
       if (ldm)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
         for (int e = tid; e < 32 * m16; e += BT) {
@@ -633,10 +660,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     PH(5);
     for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
-      const float *XJ = X + xoff * KS;
+      const float *XJ = X + xoff * XS;
       auto at = [&](int jj, int d0) { return epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; }); };
       struct pre4 { float a[4]; };
-      auto xb = [&](int k, int d) { return XJ[k * KS + d]; };
+      auto xb = [&](int k, int d) { return XJ[k * XS + d]; };
       auto epi = [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
         float x[4] = {c0, c1, c2, c3};
         const epi4 e = at(jj, d0);
@@ -677,30 +704,42 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     PH(6);
   }
   __syncthreads();
-  int lane = tid & 31, wp = tid >> 5;
-  for (int i = wp; i < n; i += BT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
-    float acc = 0, b = bs[i];
-    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
-      float R[4], dk[4], dw[4];
+  /* R terms: dk += b R, dG += k b R, dbeta += k.R; a warp a row, RB of its rows at a time with
+   * 4 columns each, every load of the round before its stores (a row at a time, its dKi stores
+   * held the next row's loads behind them: a global round trip a row); same order a row */
+  const int lane = tid & 31, wp = tid >> 5, NW = BT / 32;
+  constexpr int RB = 4;
+  for (int i0 = wp; i0 < n; i0 += RB * NW) {
+    float acc[RB];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
-        int gi = i * RS + d;
-        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
-      }
+    for (int v = 0; v < RB; v++) acc[v] = 0;
+    for (int d0 = lane; d0 < K; d0 += 128) {
+      float R[RB][4], dk[RB][4];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
-        if (d >= K) break;
-        int gi = i * RS + d;
-        float k = ks[i * KS + d];
-        dKig[gi] = dk[u] + b * R[u];
-        dGs[i * KS + d] = dw[u] + k * b * R[u];
-        acc += k * R[u];
-      }
+      for (int v = 0; v < RB; v++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int i = i0 + v * NW, d = d0 + 32 * u;
+          if (i < n && d < K) R[v][u] = dKbg[i * RS + d], dk[v][u] = dKig[i * RS + d];
+        }
+#pragma unroll
+      for (int v = 0; v < RB; v++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int i = i0 + v * NW, d = d0 + 32 * u;
+          if (i >= n || d >= K) break;
+          float k = ks[i * KS + d], b = bs[i];
+          dKig[i * RS + d] = dk[v][u] + b * R[v][u];
+          dGs[i * KS + d] += k * b * R[v][u];
+          acc[v] += k * R[v][u];
+        }
     }
-    acc = kc_warp_sum(acc);
-    if (!lane) dbi[i] = acc;
+#pragma unroll
+    for (int v = 0; v < RB; v++) {
+      if (i0 + v * NW >= n) break;                  /* warp-uniform */
+      float s = kc_warp_sum(acc[v]);
+      if (!lane) dbi[i0 + v * NW] = s;
+    }
   }
   __syncthreads();
   PH(7);
