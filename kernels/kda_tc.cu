@@ -316,24 +316,38 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   PH(6);
-  for (int e = tid; e < C * K16; e += BT) {        /* ks <- Kb = b k e^G (the backward keeps it) */
+  /* PB (the compiled fast wide forms): W's and U's B operands, Kb and bV, in tiles of their own
+   * in the dead q / X / Y region (2 C (K16 + 8) <= (2 C + 32) KS floats at K = V), pitch r16 + 8:
+   * a B fragment's scalar loads (rows k0 + lane % 4, columns j0 + lane / 4) then fall in 32
+   * distinct banks (two-way conflicts at r16 + 4), and bV is formed and rounded once, not at
+   * every fragment load (a bf16 load, a convert, a multiply and a cvt each). Same values. */
+  constexpr bool PB = !PR && !CM && KV;
+  static_assert(!PB || 2 * 64 * (KV + 8) <= (2 * 64 + 32) * (KV + 4), "PB: Kb, bV fit q/X/Y (C = 64, K = V = KV)");
+  const int PKS = PB ? K16 + 8 : KS, PVS = PB ? V16 + 8 : VS;
+  float *Kbt = PB ? sm : ks, *Vbt = PB ? sm + C * PKS : Vb;
+  for (int e = tid; e < C * K16; e += BT) {        /* Kb = b k e^G (the backward keeps it) */
     int r = e / K16, d = e % K16;
     float kb = ks[r * KS + d] * (bs[r] * kexp(Gs[r * KS + d]));
-    ks[r * KS + d] = PR ? kb : tf32r(kb);
+    Kbt[r * PKS + d] = PR ? kb : tf32r(kb);
     if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
   }
   if (!vt)
     batched<8>(C * V16, [&](int e) {               /* Vb = b V (8 loads per thread in flight) */
       int r = e / V16, c = e % V16;
       return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
-    }, [&](int e, float x) { Vb[(e / V16) * VS + e % V16] = x; });
+    }, [&](int e, float x) { Vbt[(e / V16) * PVS + e % V16] = PB ? tf32r(x) : x; });
+  else if (PB)                                     /* from the staged v tile (zero past n, V) */
+    for (int e = tid; e < C * V16; e += BT) {
+      int r = e / V16, c = e % V16;
+      Vbt[r * PVS + c] = tf32r(bs[r] * f(vr[r * VB + c]));
+    }
   if (CM) cp_async_wait_all();                     /* the v tile, copied after the inverse */
   __syncthreads();
   PH(7);
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
-  auto bv = [&](int j, int c) { return vt ? bs[j] * f(vr[j * VB + c]) : Vb[j * VS + c]; };
+  auto bv = [&](int j, int c) { return vt && !PB ? bs[j] * f(vr[j * VB + c]) : Vbt[j * PVS + c]; };
   /* a thread's two adjacent outputs in one store (pairs2): W's row pitch K16 is even, U's V
    * may not be (st2f then stores them one by one) */
   auto wout = [&](int i, int d, float c0, float c1) {
@@ -347,10 +361,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if constexpr (PR)
     mma_blk4<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
                  [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout));
-  else   /* Ms, ks hold tf32-rounded values (rounded where written) */
-    mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout));
+  else   /* Ms, Kbt hold tf32-rounded values (rounded where written) */
+    mma_tf(C, K16, C, tft{Ms, CS}, [&](int j, int d) { return Kbt[j * PKS + d]; }, pairs2(wout));
   PH(8);
   if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int i, int j) { return Ms[i * CS + j]; }, bv, pairs2(uout));
+  else if constexpr (PB) mma_tf(C, V16, C, tft{Ms, CS}, bv, pairs2(uout));   /* Vbt rounded where written */
   else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout));
   PH(9);
 }
