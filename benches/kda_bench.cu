@@ -2,7 +2,7 @@
  * Shapes (B,T,H,D) with H = HV, K = V = D, bf16, pre-gated g = logsigmoid(randn), beta =
  * sigmoid(randn), q/k l2norm in kernel, chunk 64. For each shape: first-call time, then the
  * median of warm reps (cudaEvents), and inside a CUDA graph for the small shapes
- * (KDA_BENCH_TOUCH=1: the fresh buffers written once before the first call).
+ * (the fresh buffers written once before the first call, as the backend does; KDA_BENCH_TOUCH=0 not).
  * FLOP counts: KDA.md §8 "executed" formulas; bytes: the fused-ideal I/O (read q,k,v,g,beta,
  * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
  * from the bandwidth floor the kernels are.                                                    */
@@ -123,11 +123,13 @@ int main() {
     CK(cudaMalloc(&x.dv, n * 2)); CK(cudaMalloc(&x.dg, n * 2)); CK(cudaMalloc(&x.db, nb * 2));
     x.wsb = kda_kda_cuda_workspace_bytes(&a, 1);
     CK(cudaMalloc(&x.ws, x.wsb));
-    /* KDA_BENCH_TOUCH=1: write every fresh output and workspace buffer once before the first
-     * call, so that its time holds no first touch of new memory (what a trainer's arena, zeroed
-     * at start, never pays in its first step) */
+    /* The fresh output and workspace buffers are written once before the first call, as the
+     * backend's allocations are (dev_alloc in kernels/backend_cuda.cu zeroes each one), so the
+     * first call's time holds what a trainer's first step pays and no first touch of new
+     * memory. KDA_BENCH_TOUCH=0 leaves them untouched. H200, first fwd at (8,512,4,64) against
+     * 0.061 ms warm: 0.092-0.101 ms written, 0.120-0.129 untouched (benches/results/2026-12-03b) */
     const char *touch = getenv("KDA_BENCH_TOUCH");
-    if (touch && *touch == '1') {
+    if (!(touch && *touch == '0')) {
       void *fresh[] = {x.o, x.dq, x.dk, x.dv, x.dg};
       for (void *p : fresh) CK(cudaMemset(p, 0, n * 2));
       CK(cudaMemset(x.db, 0, nb * 2));
