@@ -119,13 +119,13 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
     auto same = [&](int k, int j) { return k >> ls == j >> ls; };
     __syncthreads();                               /* M11, M22 of every pair complete */
     /* T = [L21^q]_q blockdiag(M11^q): T[i][j] = (L21^q M11^q)[i][j - qs] for j in pair q */
-    mma_blk4<P_3TF32>(
+    mma_blk4<P_3TF32S>(
         s, H, H, [&](int i, int k) { return L[(base(k) + s + i) * CS + base(k) + (k & sm)]; },
         [&](int k, int j) { return same(k, j) ? M[(base(k) + (k & sm)) * CS + base(k) + (j & sm)] : 0.f; },
         pairs2([&](int i, int j, float x0, float x1) { *(float2 *)(T + i * TS + j) = make_float2(x0, x1); }));
     __syncthreads();
     /* M21^q = -M22^q T^q: [M22^q]_q blockdiag(T^q), into each pair's lower-left block */
-    mma_blk4<P_3TF32>(
+    mma_blk4<P_3TF32S>(
         s, H, H, [&](int i, int k) { return M[(base(k) + s + i) * CS + base(k) + s + (k & sm)]; },
         [&](int k, int j) { return same(k, j) ? T[(k & sm) * TS + j] : 0.f; },
         pairs2([&](int i, int j, float x0, float x1) {
