@@ -22,10 +22,10 @@
  * nothing overflows for any decay strength.
  *
  * Files: this one holds the shared pipeline (k_rows with the chunk table, k_qk_bwd,
- * k_gate_reduce) and the host side of both versions; version 1's kernels and the decode are in kda_v1.cu, version 2's
- * in kda_tc.cu (intra, state passes) and kda_tc_bwd.cu (the chunk-parallel backward); what they
- * share (kp, the scratch layout ws, device helpers, the gate chain, the kernels' declarations)
- * is in kda_common.cuh. */
+ * k_gate_reduce) and the host side of both versions; version 1's kernels and the decode are in
+ * kda_v1.cu, version 2's in kda_tc.cu (intra, state passes) and kda_tc_bwd.cu (the
+ * chunk-parallel backward); what they share (kp, the scratch layout ws, device helpers, the
+ * gate chain, the kernels' declarations) is in kda_common.cuh. */
 #include "kda_common.cuh"
 
 /* carve the workspace; returns bytes used (base may be NULL to just count). The backward's

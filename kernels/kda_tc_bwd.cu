@@ -341,32 +341,16 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
-  /* dbeta_WY: fixed-order warp sums. A warp's rows go RB at a time, all their loads before any
-   * store: one row at a time, lane 0's store of a row's sum (it might alias) held the next
-   * row's loads behind it, a global round trip a row (the phase was 7.3k of 45.0k cycles a
-   * block at (8,2048,16,128)). Same rows a warp, same order in a row: the same sums. */
-  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, NW = BT / 32;
-  constexpr int RB = 4;
-  for (int j0 = wp; j0 < n; j0 += RB * NW) {
-    float acc[RB];
-#pragma unroll
-    for (int u = 0; u < RB; u++) {
-      const int j = j0 + u * NW;
-      acc[u] = 0;
-      if (j >= n) continue;                         /* warp-uniform */
-      for (int64_t c = lane; c < V; c += 32) acc[u] += w.dvn[ROWI(j) * V + c];
-      for (int64_t d = lane; d < K; d += 32) {
-        int64_t gi = ROWI(j) * K + d;
-        acc[u] += w.dKb[gi] * w.kn[gi] * kexp(w.G[gi]);
-      }
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  for (int j = wp; j < n; j += BT / 32) {          /* dbeta_WY: fixed-order warp sums */
+    float acc = 0;
+    for (int64_t c = lane; c < V; c += 32) acc += w.dvn[ROWI(j) * V + c];
+    for (int64_t d = lane; d < K; d += 32) {
+      int64_t gi = ROWI(j) * K + d;
+      acc += w.dKb[gi] * w.kn[gi] * kexp(w.G[gi]);
     }
-#pragma unroll
-    for (int u = 0; u < RB; u++) {
-      const int j = j0 + u * NW;
-      if (j >= n) break;
-      float s = kc_warp_sum(acc[u]);
-      if (!lane) w.db[ROWI(j)] = s;
-    }
+    acc = kc_warp_sum(acc);
+    if (!lane) w.db[ROWI(j)] = acc;
   }
   PH(7);
 }
@@ -412,7 +396,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   /* X's pitch: X is only ever a B operand read by scalar fragment loads (rows k0 + lane % 4,
    * columns j0 + lane / 4), which fall in 32 distinct banks at r16 + 8 (two-way conflicts at
    * KS = r16 + 4); the compact layout keeps KS (its 1.5 KB more would not let two blocks share
-   * an SM) */
+   * an SM). H200, (8,2048,16,128), with the element pass's loads below: the row and column
+   * products 9.6k -> 9.0k and 7.5k -> 6.9k cycles a block, fwd+bwd 4.26-4.28 -> 4.23-4.24 ms */
   const int XS = CM ? KS : K16 + 8;
   float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * XS,
         *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS), *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
@@ -516,7 +501,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     }
     /* EB elements' global loads in flight (their stores, which might alias, end a group): 8 in
      * the compiled wide forms (2 round trips a thread instead of 4; no spills), 4 in the compact
-     * and run-time ones (at 8 their 128 registers a thread spill) */
+     * and run-time ones (at 8 their 128 registers a thread spill). With X's pitch below, H200,
+     * (8,2048,16,128): this phase 15.3k -> 13.7k cycles a block (benches/results/2026-12-03b,e) */
     constexpr int EB = CM || !KV ? 4 : 8;
 #pragma unroll
     for (int i0 = 0; i0 < 16; i0 += EB) {
@@ -704,42 +690,30 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     PH(6);
   }
   __syncthreads();
-  /* R terms: dk += b R, dG += k b R, dbeta += k.R; a warp a row, RB of its rows at a time with
-   * 4 columns each, every load of the round before its stores (a row at a time, its dKi stores
-   * held the next row's loads behind them: a global round trip a row); same order a row */
-  const int lane = tid & 31, wp = tid >> 5, NW = BT / 32;
-  constexpr int RB = 4;
-  for (int i0 = wp; i0 < n; i0 += RB * NW) {
-    float acc[RB];
+  int lane = tid & 31, wp = tid >> 5;
+  for (int i = wp; i < n; i += BT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
+    float acc = 0, b = bs[i];
+    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
+      float R[4], dk[4], dw[4];
 #pragma unroll
-    for (int v = 0; v < RB; v++) acc[v] = 0;
-    for (int d0 = lane; d0 < K; d0 += 128) {
-      float R[RB][4], dk[RB][4];
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        int gi = i * RS + d;
+        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+      }
 #pragma unroll
-      for (int v = 0; v < RB; v++)
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          int i = i0 + v * NW, d = d0 + 32 * u;
-          if (i < n && d < K) R[v][u] = dKbg[i * RS + d], dk[v][u] = dKig[i * RS + d];
-        }
-#pragma unroll
-      for (int v = 0; v < RB; v++)
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          int i = i0 + v * NW, d = d0 + 32 * u;
-          if (i >= n || d >= K) break;
-          float k = ks[i * KS + d], b = bs[i];
-          dKig[i * RS + d] = dk[v][u] + b * R[v][u];
-          dGs[i * KS + d] += k * b * R[v][u];
-          acc[v] += k * R[v][u];
-        }
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        if (d >= K) break;
+        int gi = i * RS + d;
+        float k = ks[i * KS + d];
+        dKig[gi] = dk[u] + b * R[u];
+        dGs[i * KS + d] = dw[u] + k * b * R[u];
+        acc += k * R[u];
+      }
     }
-#pragma unroll
-    for (int v = 0; v < RB; v++) {
-      if (i0 + v * NW >= n) break;                  /* warp-uniform */
-      float s = kc_warp_sum(acc[v]);
-      if (!lane) dbi[i0 + v * NW] = s;
-    }
+    acc = kc_warp_sum(acc);
+    if (!lane) dbi[i] = acc;
   }
   __syncthreads();
   PH(7);
