@@ -19,11 +19,13 @@
  * kda_kda_args.keep: the backward reuses the forward's internals).
  *
  * CONV1D: depthwise causal conv y[b,t,c] = sum_j w[c,j] x[b,t-W+1+j,c] (zero before t = 0),
- * SiLU fused when iattr0 = 1. W <= 8. Forward: one thread per output, the W taps from L1.
- * Backward: tiles of 64 tokens x 32 channels in shared memory; the pre-activation is
- * recomputed (no saved activation), dx = sum_j w[c,j] dpre[t+W-1-j]; dw is reduced
- * deterministically: each tile writes a partial [C,W] row, a second kernel sums the partials
- * in a fixed order, a warp per weight (no float atomics: bit-reproducible runs).              */
+ * SiLU fused when iattr0 = 1. W <= 8. The layer's shape (W = 4, C even) runs the run kernels:
+ * a thread two channels over 16 tokens, each input row loaded once into registers; other
+ * shapes the general ones (forward one thread per output, the W taps from L1; backward tiles
+ * of 64 tokens x 32 channels in shared memory). The backward recomputes the pre-activation (no
+ * saved activation), dx = sum_j w[c,j] dpre[t+W-1-j]; dw is reduced deterministically: each
+ * tile writes a partial [C,W] row, a second kernel sums the partials in a fixed order, a warp
+ * per weight (no float atomics: bit-reproducible runs).                                      */
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
@@ -256,8 +258,165 @@ __global__ void k_conv_dw(const float *part, int64_t ntiles, int64_t CW, void *o
   if (!lane) kc_st(out, odt, off + i, s);
 }
 
+/* The common shape (the layer's W = 4, an even channel count; x and dy of one type): a thread
+ * owns two adjacent channels (one 4- or 8-byte load a row, a warp's loads one contiguous
+ * segment) over a run of CV_RUN tokens of one sequence, so each input row is loaded once, not
+ * W times as in k_conv_fwd, and all of a thread's loads are in flight together. */
+#define CV_RUN 16    /* tokens per thread */
+#define CV_RB 8      /* runs per backward block (one warp each): 128 tokens x 64 channels */
+
+template <typename T> struct cv2;
+template <> struct cv2<float> {
+  static __device__ __forceinline__ float2 ld(const float *p) { return *(const float2 *)p; }
+  static __device__ __forceinline__ void st(float *p, float a, float b) { *(float2 *)p = make_float2(a, b); }
+};
+template <> struct cv2<__nv_bfloat16> {
+  static __device__ __forceinline__ float2 ld(const __nv_bfloat16 *p) {
+    return __bfloat1622float2(*(const __nv_bfloat162 *)p);
+  }
+  static __device__ __forceinline__ void st(__nv_bfloat16 *p, float a, float b) {
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+  }
+};
+
+/* d silu(p)/dp = s (1 + p (1 - s)) */
+static __device__ __forceinline__ float cv_dsilu(float p) {
+  float s = cv_sigm(p);
+  return s * (1.f + p * (1.f - s));
+}
+
+template <typename TX, typename TY, int W>
+__global__ void __launch_bounds__(256) k_conv_fwd_run(const TX *x, const void *w, int wdt, TY *y,
+                                                      int B, int T, int C2, int silu) {
+  int nr = (T + CV_RUN - 1) / CV_RUN;
+  int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (gid >= (int64_t)B * nr * C2) return;
+  int cp = (int)(gid % C2), run = (int)(gid / C2), b = run / nr, t0 = (run % nr) * CV_RUN;
+  int64_t C = 2 * (int64_t)C2, base = (int64_t)b * T * C + 2 * cp;
+  float w0[W], w1[W];
+#pragma unroll
+  for (int j = 0; j < W; j++) w0[j] = kc_ld(w, wdt, 2 * cp * W + j), w1[j] = kc_ld(w, wdt, (2 * cp + 1) * W + j);
+  float2 xs[CV_RUN + W - 1];                       /* x rows t0-W+1 .. t0+RUN-1 */
+#pragma unroll
+  for (int i = 0; i < CV_RUN + W - 1; i++) {
+    int t = t0 - (W - 1) + i;
+    xs[i] = t >= 0 && t < T ? cv2<TX>::ld(x + base + t * C) : make_float2(0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < CV_RUN; i++) {
+    if (t0 + i >= T) break;
+    float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < W; j++) p0 += w0[j] * xs[i + j].x, p1 += w1[j] * xs[i + j].y;
+    if (silu) p0 *= cv_sigm(p0), p1 *= cv_sigm(p1);
+    cv2<TY>::st(y + base + (t0 + i) * C, p0, p1);
+  }
+}
+
+/* One block per (sequence, 128-token tile, 64-channel tile); warp r takes the tile's run r, lane
+ * l channels 2l, 2l+1. Each thread: dpre for its run and the W-1 rows after it (the pre-
+ * activation recomputed from x), dx = sum_j w[j] dpre[t+W-1-j], and its run's dw terms;
+ * part[(b*ntt + tile) * C * W + c * W + j] = the tile's dw, its runs summed in order. */
+template <typename TX, typename TY, int W>
+__global__ void __launch_bounds__(256) k_conv_bwd_run(const TX *x, const void *w, int wdt, const TX *dy,
+                                                      TY *out, float *part, int T, int C2, int silu) {
+  __shared__ float red[CV_RB][32][2 * W];
+  int ntt = (T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB), b = blockIdx.x / ntt;
+  int lane = threadIdx.x & 31, r = threadIdx.x >> 5, cp = blockIdx.y * 32 + lane;
+  int t0 = (blockIdx.x % ntt) * CV_RUN * CV_RB + r * CV_RUN;
+  int64_t C = 2 * (int64_t)C2, base = (int64_t)b * T * C + 2 * cp;
+  bool live = cp < C2;
+  float w0[W], w1[W], a0[W], a1[W];
+#pragma unroll
+  for (int j = 0; j < W; j++) {
+    w0[j] = live ? kc_ld(w, wdt, 2 * cp * W + j) : 0.f, w1[j] = live ? kc_ld(w, wdt, (2 * cp + 1) * W + j) : 0.f;
+    a0[j] = a1[j] = 0.f;
+  }
+  constexpr int NX = CV_RUN + 2 * (W - 1), ND = CV_RUN + W - 1;
+  float2 xs[NX], dp[ND];                           /* x rows t0-W+1 .., dpre rows t0 .. */
+#pragma unroll
+  for (int i = 0; i < NX; i++) {
+    int t = t0 - (W - 1) + i;
+    xs[i] = live && t >= 0 && t < T ? cv2<TX>::ld(x + base + t * C) : make_float2(0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < ND; i++) {
+    int t = t0 + i;
+    dp[i] = live && t < T ? cv2<TX>::ld(dy + base + t * C) : make_float2(0.f, 0.f);
+  }
+  if (silu) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+      float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < W; j++) p0 += w0[j] * xs[i + j].x, p1 += w1[j] * xs[i + j].y;
+      dp[i].x *= cv_dsilu(p0), dp[i].y *= cv_dsilu(p1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < CV_RUN; i++) {
+    if (!live || t0 + i >= T) break;
+    float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < W; j++) d0 += w0[j] * dp[i + W - 1 - j].x, d1 += w1[j] * dp[i + W - 1 - j].y;
+    cv2<TY>::st(out + base + (t0 + i) * C, d0, d1);
+#pragma unroll
+    for (int j = 0; j < W; j++) a0[j] += dp[i].x * xs[i + j].x, a1[j] += dp[i].y * xs[i + j].y;
+  }
+#pragma unroll
+  for (int j = 0; j < W; j++) red[r][lane][j] = a0[j], red[r][lane][W + j] = a1[j];
+  __syncthreads();
+  for (int e = threadIdx.x; e < 64 * W; e += blockDim.x) {   /* e = local channel * W + tap */
+    int lc = e / W, j = e % W, c = blockIdx.y * 64 + lc;
+    if (c >= C) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int g = 0; g < CV_RB; g++) s += red[g][lc >> 1][(lc & 1) * W + j];
+    part[(int64_t)blockIdx.x * C * W + (int64_t)c * W + j] = s;
+  }
+}
+
 static int64_t ko_conv_tiles(const kda_exec_node *n) {
   return n->in[0].shape[0] * ((n->in[0].shape[1] + CV_TT - 1) / CV_TT);
+}
+
+/* The run kernels where they apply (W = 4, C even, bf16 / f32 views 8-byte aligned, x and dy
+ * of one type, 32-bit token and run counts); 1 when they ran. */
+template <typename TX, typename TY>
+static void ko_conv_run_launch(const kda_exec_node *n, kc_ctx *c, int64_t B, int64_t T, int64_t C, int silu) {
+  const kda_tview *x = &n->in[0], *w = &n->in[1];
+  int C2 = (int)(C / 2);
+  if (n->op == KDA_OP_CONV1D) {
+    int64_t thr = B * ((T + CV_RUN - 1) / CV_RUN) * C2;
+    k_conv_fwd_run<TX, TY, 4><<<(unsigned)((thr + 255) / 256), 256, 0, c->stream>>>(
+        (const TX *)x->data, w->data, w->dtype, (TY *)n->out.data, (int)B, (int)T, C2, silu);
+    return;
+  }
+  int64_t ntiles = B * ((T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB));
+  float *part = (float *)c->scratch;
+  dim3 grid((unsigned)ntiles, (unsigned)((C2 + 31) / 32));
+  k_conv_bwd_run<TX, TY, 4><<<grid, 256, 0, c->stream>>>((const TX *)x->data, w->data, w->dtype,
+                                                         (const TX *)n->in[2].data, (TY *)n->out.data,
+                                                         part, (int)T, C2, silu);
+}
+
+static int ko_conv_run(const kda_exec_node *n, kc_ctx *c, int64_t B, int64_t T, int64_t C, int W, int silu) {
+  const kda_tview *x = &n->in[0];
+  int bwd = n->op == KDA_OP_CONV1D_BWD, xdt = x->dtype, ydt = n->out.dtype;
+  if (W != 4 || C % 2 || B * T * C >= INT32_MAX / 2 || (bwd && n->in[2].dtype != xdt)) return 0;
+  for (int i = 0; i < 2 + bwd; i++)
+    if ((uintptr_t)(i == 2 ? n->in[2].data : i ? n->out.data : x->data) % 8) return 0;
+  if ((xdt != KDA_F32 && xdt != KDA_BF16) || (ydt != KDA_F32 && ydt != KDA_BF16)) return 0;
+  if (bwd && (!c->scratch || KC_ALIGN(B * ((T + 127) / 128) * C * W * 4) > c->scratch_bytes)) return 0;
+  if (xdt == KDA_BF16 && ydt == KDA_BF16) ko_conv_run_launch<__nv_bfloat16, __nv_bfloat16>(n, c, B, T, C, silu);
+  else if (xdt == KDA_BF16) ko_conv_run_launch<__nv_bfloat16, float>(n, c, B, T, C, silu);
+  else if (ydt == KDA_BF16) ko_conv_run_launch<float, __nv_bfloat16>(n, c, B, T, C, silu);
+  else ko_conv_run_launch<float, float>(n, c, B, T, C, silu);
+  if (!bwd) return 1;
+  int64_t ntiles = B * ((T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB));
+  k_conv_dw<<<(unsigned)((C * W * 32 + 255) / 256), 256, 0, c->stream>>>((float *)c->scratch, ntiles, C * W,
+                                                                         n->out.data, ydt, B * T * C);
+  return 1;
 }
 
 static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
@@ -265,6 +424,10 @@ static int ko_conv(const kda_exec_node *n, kc_ctx *c) {
   int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2];
   int W = (int)w->shape[1], silu = n->iattr[0] != 0;
   if (W < 1 || W > CV_WMAX) return KO_ERR(n, "conv1d width W must be 1..8 on CUDA");
+  if (ko_conv_run(n, c, B, T, C, W, silu)) {
+    KO_LAUNCH(n, "k_conv_fwd_run / k_conv_bwd_run");
+    return 0;
+  }
   if (n->op == KDA_OP_CONV1D) {
     int64_t tot = B * T * C;
     unsigned nb = kc_blocks(tot, 256, (int64_t)c->num_sms * 16);

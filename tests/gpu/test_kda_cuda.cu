@@ -476,6 +476,9 @@ static void node_tests() {
   run_node_kda("node KDA K=V=128 layer flags", big, KDA_BF16, KDA_F32);
   run_node_conv("node CONV1D f32 W=4 silu", 2, 100, 96, 4, 1, KDA_F32, KDA_F32);
   run_node_conv("node CONV1D bf16 W=4 silu, f32 packed grad", 2, 130, 200, 4, 1, KDA_BF16, KDA_F32);
+  run_node_conv("node CONV1D bf16 W=4 silu, bf16 grad, 3 tiles of 128 tokens (run kernels)", 3, 300, 256, 4, 1, KDA_BF16, KDA_BF16);
+  run_node_conv("node CONV1D f32 storage, bf16 grad W=4 no silu, C=66 (a part channel tile)", 2, 129, 66, 4, 0, KDA_F32, KDA_BF16);
+  run_node_conv("node CONV1D bf16 W=4 silu C=33 (odd: the general kernels)", 2, 90, 33, 4, 1, KDA_BF16, KDA_F32);
   run_node_conv("node CONV1D bf16 W=3 no silu", 3, 70, 33, 3, 0, KDA_BF16, KDA_BF16);
   run_node_conv("node CONV1D f32 W=8 silu T=5", 2, 5, 40, 8, 1, KDA_F32, KDA_F32);
   run_node_conv("node CONV1D f32 W=1", 1, 64, 32, 1, 0, KDA_F32, KDA_F32);
