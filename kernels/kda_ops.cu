@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(256) k_conv_fwd_run(const TX *x, const void *w
  * l channels 2l, 2l+1. Each thread: dpre for its run and the W-1 rows after it (the pre-
  * activation recomputed from x), dx = sum_j w[j] dpre[t+W-1-j], and its run's dw terms;
  * part[(b*ntt + tile) * C * W + c * W + j] = the tile's dw, its runs summed in order. */
-template <typename TX, typename TY, int W>
-__global__ void __launch_bounds__(256) k_conv_bwd_run(const TX *x, const void *w, int wdt, const TX *dy,
+template <typename TX, typename TD, typename TY, int W>
+__global__ void __launch_bounds__(256) k_conv_bwd_run(const TX *x, const void *w, int wdt, const TD *dy,
                                                       TY *out, float *part, int T, int C2, int silu) {
   __shared__ float red[CV_RB][32][2 * W];
   int ntt = (T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB), b = blockIdx.x / ntt;
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(256) k_conv_bwd_run(const TX *x, const void *w
 #pragma unroll
   for (int i = 0; i < ND; i++) {
     int t = t0 + i;
-    dp[i] = live && t < T ? cv2<TX>::ld(dy + base + t * C) : make_float2(0.f, 0.f);
+    dp[i] = live && t < T ? cv2<TD>::ld(dy + base + t * C) : make_float2(0.f, 0.f);
   }
   if (silu) {
 #pragma unroll
@@ -380,42 +380,46 @@ static int64_t ko_conv_tiles(const kda_exec_node *n) {
   return n->in[0].shape[0] * ((n->in[0].shape[1] + CV_TT - 1) / CV_TT);
 }
 
-/* The run kernels where they apply (W = 4, C even, bf16 / f32 views 8-byte aligned, x and dy
- * of one type, 32-bit token and run counts); 1 when they ran. */
-template <typename TX, typename TY>
-static void ko_conv_run_launch(const kda_exec_node *n, kc_ctx *c, int64_t B, int64_t T, int64_t C, int silu) {
-  const kda_tview *x = &n->in[0], *w = &n->in[1];
-  int C2 = (int)(C / 2);
-  if (n->op == KDA_OP_CONV1D) {
-    int64_t thr = B * ((T + CV_RUN - 1) / CV_RUN) * C2;
-    k_conv_fwd_run<TX, TY, 4><<<(unsigned)((thr + 255) / 256), 256, 0, c->stream>>>(
-        (const TX *)x->data, w->data, w->dtype, (TY *)n->out.data, (int)B, (int)T, C2, silu);
-    return;
-  }
-  int64_t ntiles = B * ((T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB));
-  float *part = (float *)c->scratch;
-  dim3 grid((unsigned)ntiles, (unsigned)((C2 + 31) / 32));
-  k_conv_bwd_run<TX, TY, 4><<<grid, 256, 0, c->stream>>>((const TX *)x->data, w->data, w->dtype,
-                                                         (const TX *)n->in[2].data, (TY *)n->out.data,
-                                                         part, (int)T, C2, silu);
+/* The run kernels where they apply (W = 4, C even, bf16 / f32 views 8-byte aligned); 1 when they
+ * ran. Each view's type is a template argument: dy is the f32 slice of KDA_BWD's packed gradient
+ * where x is a bf16 activation. */
+template <typename F> static void ko_with_type(int dt, F f) {
+  if (dt == KDA_BF16) f(__nv_bfloat16());
+  else f(float());
 }
 
 static int ko_conv_run(const kda_exec_node *n, kc_ctx *c, int64_t B, int64_t T, int64_t C, int W, int silu) {
-  const kda_tview *x = &n->in[0];
-  int bwd = n->op == KDA_OP_CONV1D_BWD, xdt = x->dtype, ydt = n->out.dtype;
-  if (W != 4 || C % 2 || B * T * C >= INT32_MAX / 2 || (bwd && n->in[2].dtype != xdt)) return 0;
+  const kda_tview *x = &n->in[0], *w = &n->in[1], *dy = &n->in[2];
+  int bwd = n->op == KDA_OP_CONV1D_BWD, C2 = (int)(C / 2);
+  if (W != 4 || C % 2 || B * T * C >= INT32_MAX / 2) return 0;
+  const kda_tview *v[3] = {x, &n->out, dy};
   for (int i = 0; i < 2 + bwd; i++)
-    if ((uintptr_t)(i == 2 ? n->in[2].data : i ? n->out.data : x->data) % 8) return 0;
-  if ((xdt != KDA_F32 && xdt != KDA_BF16) || (ydt != KDA_F32 && ydt != KDA_BF16)) return 0;
-  if (bwd && (!c->scratch || KC_ALIGN(B * ((T + 127) / 128) * C * W * 4) > c->scratch_bytes)) return 0;
-  if (xdt == KDA_BF16 && ydt == KDA_BF16) ko_conv_run_launch<__nv_bfloat16, __nv_bfloat16>(n, c, B, T, C, silu);
-  else if (xdt == KDA_BF16) ko_conv_run_launch<__nv_bfloat16, float>(n, c, B, T, C, silu);
-  else if (ydt == KDA_BF16) ko_conv_run_launch<float, __nv_bfloat16>(n, c, B, T, C, silu);
-  else ko_conv_run_launch<float, float>(n, c, B, T, C, silu);
-  if (!bwd) return 1;
+    if ((uintptr_t)v[i]->data % 8 || (v[i]->dtype != KDA_F32 && v[i]->dtype != KDA_BF16)) return 0;
   int64_t ntiles = B * ((T + CV_RUN * CV_RB - 1) / (CV_RUN * CV_RB));
-  k_conv_dw<<<(unsigned)((C * W * 32 + 255) / 256), 256, 0, c->stream>>>((float *)c->scratch, ntiles, C * W,
-                                                                         n->out.data, ydt, B * T * C);
+  if (bwd && (!c->scratch || KC_ALIGN(ntiles * C * W * 4) > c->scratch_bytes)) return 0;
+  float *part = (float *)c->scratch;
+  ko_with_type(x->dtype, [&](auto tx) {
+    using TX = decltype(tx);
+    ko_with_type(n->out.dtype, [&](auto ty) {
+      using TY = decltype(ty);
+      if (!bwd) {
+        int64_t thr = B * ((T + CV_RUN - 1) / CV_RUN) * C2;
+        k_conv_fwd_run<TX, TY, 4><<<(unsigned)((thr + 255) / 256), 256, 0, c->stream>>>(
+            (const TX *)x->data, w->data, w->dtype, (TY *)n->out.data, (int)B, (int)T, C2, silu);
+        return;
+      }
+      ko_with_type(dy->dtype, [&](auto td) {
+        using TD = decltype(td);
+        dim3 grid((unsigned)ntiles, (unsigned)((C2 + 31) / 32));
+        k_conv_bwd_run<TX, TD, TY, 4><<<grid, 256, 0, c->stream>>>((const TX *)x->data, w->data, w->dtype,
+                                                                   (const TD *)dy->data, (TY *)n->out.data,
+                                                                   part, (int)T, C2, silu);
+      });
+    });
+  });
+  if (bwd)
+    k_conv_dw<<<(unsigned)((C * W * 32 + 255) / 256), 256, 0, c->stream>>>(part, ntiles, C * W, n->out.data,
+                                                                           n->out.dtype, B * T * C);
   return 1;
 }
 

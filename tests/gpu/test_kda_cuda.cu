@@ -427,15 +427,17 @@ static void run_node_kda(const char *name, const spec &s, int adt, int gdt) {
   cudaFree(go), cudaFree(gp);
 }
 
-static void run_node_conv(const char *name, int64_t B, int64_t T, int64_t C, int W, int silu, int adt, int gdt) {
+/* adt: x's and y's storage; ddt: dy's (the layer's dy is KDA_BWD's f32 gradient slice) */
+static void run_node_conv(const char *name, int64_t B, int64_t T, int64_t C, int W, int silu, int adt, int gdt, int ddt = -1) {
+  if (ddt < 0) ddt = adt;
   vf x(B * T * C), w(C * W), dy(B * T * C);
   for (auto &v : x) v = bf((float)randn());
   for (auto &v : w) v = (float)(0.5 * randn());
   for (auto &v : dy) v = bf((float)randn());
-  void *dx_ = dev_store(x, adt), *dw_ = dev_f32(w), *ddy = dev_store(dy, adt);
+  void *dx_ = dev_store(x, adt), *dw_ = dev_f32(w), *ddy = dev_store(dy, ddt);
   kda_tview cin[3] = {tv(x.data(), KDA_F32, 3, B, T, C, 1), tv(w.data(), KDA_F32, 2, C, W, 1, 1), tv(dy.data(), KDA_F32, 3, B, T, C, 1)};
   kda_tview gin[3] = {cin[0], cin[1], cin[2]};
-  gin[0].data = dx_, gin[0].dtype = adt, gin[1].data = dw_, gin[2].data = ddy, gin[2].dtype = adt;
+  gin[0].data = dx_, gin[0].dtype = adt, gin[1].data = dw_, gin[2].data = ddy, gin[2].dtype = ddt;
   int64_t ny = B * T * C, np = ny + C * W;
   vf y(ny), pk(np);
   kda_exec_node cn;
@@ -479,6 +481,7 @@ static void node_tests() {
   run_node_conv("node CONV1D bf16 W=4 silu, bf16 grad, 3 tiles of 128 tokens (run kernels)", 3, 300, 256, 4, 1, KDA_BF16, KDA_BF16);
   run_node_conv("node CONV1D f32 storage, bf16 grad W=4 no silu, C=66 (a part channel tile)", 2, 129, 66, 4, 0, KDA_F32, KDA_BF16);
   run_node_conv("node CONV1D bf16 W=4 silu C=33 (odd: the general kernels)", 2, 90, 33, 4, 1, KDA_BF16, KDA_F32);
+  run_node_conv("node CONV1D bf16 x, f32 dy (the layer's case) W=4 silu, f32 grad", 2, 260, 128, 4, 1, KDA_BF16, KDA_F32, KDA_F32);
   run_node_conv("node CONV1D bf16 W=3 no silu", 3, 70, 33, 3, 0, KDA_BF16, KDA_BF16);
   run_node_conv("node CONV1D f32 W=8 silu T=5", 2, 5, 40, 8, 1, KDA_F32, KDA_F32);
   run_node_conv("node CONV1D f32 W=1", 1, 64, 32, 1, 0, KDA_F32, KDA_F32);
