@@ -46,7 +46,8 @@ OUT=${OUT:-/tmp/kda_out}; mkdir -p "$OUT"
 K=/tmp/kdabundle; mkdir -p "$K"; tar -xJf .devbuild/bundle.tar.xz -C "$K"
 export LD_LIBRARY_PATH=$K/lib:${LD_LIBRARY_PATH:-} KDA_HOME=$PWD
 mkdir -p build/gpu data/small
-cp "$K"/bin/test_cuda_ops "$K"/bin/cuda_ops_bench build/gpu/ && cp "$K"/data/prose.txt data/small/
+cp "$K"/data/prose.txt data/small/   # a kda_multi base bundle may carry no GPU op binaries
+for b in test_cuda_ops cuda_ops_bench; do [ -x "$K/bin/$b" ] && cp "$K/bin/$b" build/gpu/; done
 KDA=$K/bin/kda
 export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
 stage() { echo; echo "=== $1 ($(date +%T))"; }

@@ -21,6 +21,7 @@ kda_kda_args kda_kda_args_of(const kda_exec_node *n) {
   a.qk_l2norm = (int32_t)n->iattr[1];
   a.beta_mode = (int32_t)n->iattr[2];
   a.chunk = n->iattr[3] ? (int32_t)n->iattr[3] : 64;
+  a.precise_gate = (int32_t)n->iattr[4];
   a.scale = n->fattr[0];
   a.lower_bound = n->fattr[1];
   return a;

@@ -129,6 +129,9 @@ int64_t kda_graph_node_dim(const kda_graph *g, int32_t id, int i) {
   if (id < 0 || id >= g->n || i < 0 || i >= g->nodes[id].d.ndim) return -1;
   return g->nodes[id].d.shape[i];
 }
+int64_t kda_graph_node_iattr(const kda_graph *g, int32_t id, int i) {
+  return id >= 0 && id < g->n && i >= 0 && i < 8 ? g->nodes[id].iattr[i] : -1;
+}
 const char *kda_graph_node_name(const kda_graph *g, int32_t id) { return id >= 0 && id < g->n ? g->nodes[id].name : ""; }
 int32_t kda_graph_grad(const kda_graph *g, int32_t id) { return id >= 0 && id < g->n ? g->nodes[id].grad : -1; }
 int32_t kda_graph_state_node(const kda_graph *g) { return g->state; }

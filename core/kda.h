@@ -162,6 +162,7 @@ int kda_graph_node_op(const kda_graph *g, int32_t id);
 int kda_graph_node_dtype(const kda_graph *g, int32_t id);
 int kda_graph_node_ndim(const kda_graph *g, int32_t id);
 int64_t kda_graph_node_dim(const kda_graph *g, int32_t id, int i);
+int64_t kda_graph_node_iattr(const kda_graph *g, int32_t id, int i); /* integer attribute i (0..7), -1 if none */
 const char *kda_graph_node_name(const kda_graph *g, int32_t id); /* "" for unnamed nodes */
 int32_t kda_graph_find(const kda_graph *g, const char *name);     /* -1 if absent */
 int64_t kda_graph_param_count(const kda_graph *g);                /* trained scalars */

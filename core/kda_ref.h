@@ -44,6 +44,11 @@ typedef struct kda_kda_args {
   int32_t keep;              /* CUDA only (the CPU ignores it): 1 = the forward keeps in its
                                 workspace what the backward would recompute, and the backward
                                 reuses it (kernels/kda_cuda.h says the contract)              */
+  int32_t precise_gate;      /* CUDA only: 1 = a parameterised gate's backward runs every
+                                product that feeds dg in split tf32, so dA_log / ddt_bias carry
+                                fp32-level error (~2x the backward's time); 0 = the bf16/tf32
+                                backward, as fla's: dA_log's error is dg's (~3e-3) times its sum's
+                                cancellation (docs/kda.md, "Gate gradients")                  */
 } kda_kda_args;
 
 /* 0 if the args are consistent (shapes, modes, chunk, cu_seqlens when host_seqlens), else -1. */

@@ -355,6 +355,7 @@ static void cu_marks(int bwd_begin, int opt_begin) { G.mark_bwd = bwd_begin, G.m
 static int64_t scratch_need(const kda_exec_node *n) {
   switch (n->op) {
   case KDA_OP_MATMUL: return kc_gemm_scratch(n);
+  case KDA_OP_EMBED_BWD: return kc_embed_scratch(n);
   case KDA_OP_MUON: return kc_muon_scratch(n);
   case KDA_OP_RMSNORM_BWD: return kc_norm_scratch(n);
   case KDA_OP_SUM: case KDA_OP_MEAN: case KDA_OP_SUM_ROWS: case KDA_OP_GRAD_NORM:

@@ -311,10 +311,20 @@ int kc_embed(const kda_exec_node *n, kc_ctx *c) {
 }
 
 /* ---- EMBED_BWD: out[v,:] = sum over i with idx[i]==v of dy[i,:] ----------------------------
- * Deterministic without atomics: block (v, column group) scans all indices in order, chunk by
- * chunk; an ordered ballot compaction lists the matches of a chunk, then every thread adds
- * those dy rows for its column, in index order (the CPU's order, so even f32 sums agree). */
+ * Deterministic without atomics, in two passes. k_embed_bwd_part: a warp takes a range of
+ * tokens and 32 columns and adds each token's dy row into its own shared accumulator row
+ * acc[idx][lane] in token order (a block's EBR_W warps then summed in order into one partial
+ * [V, d] a block row); k_embed_bwd_sum adds the partials in order. Every token is read once.
+ * It was a block a vocabulary row scanning all indices and adding its matches' rows in one
+ * chain: a byte-level batch puts thousands of tokens on ' ' and 'e', and that block's chain of
+ * dependent loads was the whole kernel (656 us a hybrid S 64x512 step, 2026-12-04b).
+ * Vocabularies too large for the accumulators (EBR_VMAX) take k_embed_bwd: a block (v, column
+ * group) scans all indices, an ordered ballot compaction lists a chunk's matches, and every
+ * thread adds those dy rows for its column in index order. */
 #define EB_T 256
+#define EBR_W 2                  /* warps a block, each with its own token range and accumulator */
+#define EBR_VMAX 384             /* acc: EBR_W x V x 32 floats = 96 KB at V = 384 */
+#define EBR_WARPS 800            /* ~6 warps an SM on 132 SMs: enough loads in flight */
 __global__ void __launch_bounds__(EB_T) k_embed_bwd(const void *dy, int ddt, const int32_t *idx,
                                                     void *o, int odt, int64_t cnt, int64_t d) {
   __shared__ int list[EB_T];
@@ -344,8 +354,79 @@ __global__ void __launch_bounds__(EB_T) k_embed_bwd(const void *dy, int ddt, con
   if (j < d) kc_st(o, odt, (int64_t)v * d + j, acc);
 }
 
+/* grid (column groups of 32, segments); warp w of block s takes tokens [(s*EBR_W + w) * seg, +seg) */
+__global__ void __launch_bounds__(EBR_W * 32) k_embed_bwd_part(const void *dy, int ddt, const int32_t *idx,
+                                                               float *part, int64_t cnt, int64_t d, int V,
+                                                               int64_t seg) {
+  extern __shared__ float acc[];                   /* [EBR_W][V][32] */
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int64_t j = (int64_t)blockIdx.x * 32 + lane;
+  float *a = acc + (size_t)w * V * 32;
+  for (int e = threadIdx.x; e < EBR_W * V * 32; e += blockDim.x) acc[e] = 0.f;
+  __syncthreads();
+  int64_t lo = ((int64_t)blockIdx.y * EBR_W + w) * seg, hi = min(cnt, lo + seg);
+  bool live = j < d;
+  for (int64_t t = lo; t < hi; t += 8) {           /* eight tokens' loads in flight, then their adds in order */
+    int id[8];
+    float x[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      id[u] = t + u < hi ? idx[t + u] : -1;
+      x[u] = t + u < hi && live ? kc_ld(dy, ddt, (t + u) * d + j) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+      if (id[u] >= 0 && id[u] < V) a[id[u] * 32 + lane] += x[u];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < V * 32; e += blockDim.x) {
+    int64_t jj = (int64_t)blockIdx.x * 32 + (e & 31);
+    if (jj >= d) continue;
+    float s = 0.f;
+    for (int k = 0; k < EBR_W; k++) s += acc[(size_t)k * V * 32 + e];
+    part[((int64_t)blockIdx.y * V + (e >> 5)) * d + jj] = s;
+  }
+}
+
+__global__ void k_embed_bwd_sum(const float *part, int S, int64_t Vd, void *o, int odt) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < Vd; e += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int k = 0; k < S; k++) s += part[k * Vd + e];
+    kc_st(o, odt, e, s);
+  }
+}
+
+/* segments (blocks a column group): ~EBR_WARPS warps in all, at least 64 tokens a warp; 0 when
+ * the vocabulary is too large for the accumulators */
+static int embed_segs(const kda_exec_node *n) {
+  int64_t cnt = kc_numel(&n->in[1]), d = kc_lastdim(&n->in[0]), V = n->out.shape[0];
+  if (V > EBR_VMAX || cnt < 1) return 0;
+  int64_t ncg = (d + 31) / 32, s = (EBR_WARPS / EBR_W + ncg - 1) / ncg, smax = (cnt + 64 * EBR_W - 1) / (64 * EBR_W);
+  return (int)(s < 1 ? 1 : s > smax ? smax : s);
+}
+
+int64_t kc_embed_scratch(const kda_exec_node *n) {
+  int S = embed_segs(n);
+  return S ? KC_ALIGN((int64_t)S * n->out.shape[0] * kc_lastdim(&n->in[0]) * 4) : 0;
+}
+
 int kc_embed_bwd(const kda_exec_node *n, kc_ctx *c) {
   int64_t cnt = kc_numel(&n->in[1]), d = kc_lastdim(&n->in[0]), v = n->out.shape[0];
+  int S = embed_segs(n);
+  if (S && c->scratch && kc_embed_scratch(n) <= c->scratch_bytes) {
+    int64_t seg = (cnt + (int64_t)S * EBR_W - 1) / ((int64_t)S * EBR_W);
+    size_t smem = (size_t)EBR_W * v * 32 * 4;
+    if (smem > 48 * 1024) KC_CUDA(n, cudaFuncSetAttribute(k_embed_bwd_part, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)((d + 31) / 32), (unsigned)S);
+    k_embed_bwd_part<<<grid, EBR_W * 32, smem, c->stream>>>(n->in[0].data, n->in[0].dtype,
+                                                             (const int32_t *)n->in[1].data,
+                                                             (float *)c->scratch, cnt, d, (int)v, seg);
+    KC_LAUNCH_CHECK(n, "k_embed_bwd_part");
+    k_embed_bwd_sum<<<kc_blocks(v * d, TPB, GRID_CAP), TPB, 0, c->stream>>>((const float *)c->scratch, S, v * d,
+                                                                           n->out.data, n->out.dtype);
+    KC_LAUNCH_CHECK(n, "k_embed_bwd_sum");
+    return 0;
+  }
   dim3 grid((unsigned)v, (unsigned)((d + EB_T - 1) / EB_T));
   k_embed_bwd<<<grid, EB_T, 0, c->stream>>>(n->in[0].data, n->in[0].dtype,
                                              (const int32_t *)n->in[1].data, n->out.data,

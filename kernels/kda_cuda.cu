@@ -368,17 +368,20 @@ static int check_common(const kda_kda_args *a, const char *op) {
 /* Version 2's precise backward (the _p kernels of kda_tc.cu, kda_tc_bwd.cu). dA_log and ddt_bias
  * are sums of dg over tokens (and key dims) whose terms cancel, so their relative error is dg's
  * times a cancellation ratio that depends on the data (1 to ~60 on H = 1 draws of the
- * lower-bound gate); with dg built from bf16/tf32 products (~3e-3) dA_log missed its 3e-3
- * tolerance by up to 20x. The precise twins run every product that feeds dg in split tf32
- * (fp32-level error). Picked when a gate with parameters (gate_mode 1, 2) asks for dA_log or
- * ddt_bias; the pre-gated backward (dg only, tolerance 0.02) keeps the bf16/tf32 kernels.
- * KDA_KDA_PRECISE=1 / =0 forces it on / off (read per call: to measure its cost, or to test it
- * on any case). gate_grads: dA_log or ddt_bias asked for (a kept forward assumes they will be,
- * as the layer's backward asks: the precision it prepares for). */
+ * lower-bound gate); with dg built from bf16/tf32 products (~3e-3) dA_log misses fla's 3e-3
+ * (a warning in fla's own test) by up to 40x on such draws (1.1e-1 on the H200, 2026-12-04a).
+ * The precise twins run every product that feeds dg in split tf32 (fp32-level error) at about
+ * twice the backward's time. Picked when the caller asks (a->precise_gate, the layer's
+ * precise_gate option) and a gate with parameters (gate_mode 1, 2) asks for dA_log or
+ * ddt_bias. The layer's default is the fast backward: its hybrid S 64x512 step 23.9 -> 19.5 ms,
+ * loss at step 120 2.338 -> 2.328 (2026-12-04b). KDA_KDA_PRECISE=1 / =0 forces it on / off
+ * (read per call: to measure its cost, or to test it on any case). gate_grads: dA_log or
+ * ddt_bias asked for (a kept forward assumes they will be, as the layer's backward asks: the
+ * precision it prepares for). */
 static int use_precise(const kda_kda_args *a, int gate_grads) {
   const char *e = getenv("KDA_KDA_PRECISE");
   if (e && *e) return strcmp(e, "0") != 0;
-  return a->gate_mode != 0 && gate_grads;
+  return a->gate_mode != 0 && a->precise_gate && gate_grads;
 }
 
 /* The version-2 kernels' shape specialisation (KV in kda_tc.cuh): K = V = 64 or 128 at chunk

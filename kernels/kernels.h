@@ -126,6 +126,7 @@ int64_t kc_gemm_scratch(const kda_exec_node *n);
 int64_t kc_norm_scratch(const kda_exec_node *n);
 int64_t kc_reduce_scratch(const kda_exec_node *n);
 int64_t kc_attention_scratch(const kda_exec_node *n);
+int64_t kc_embed_scratch(const kda_exec_node *n);
 
 /* ---- op launchers ------------------------------------------------------------------------ */
 int kc_gemm_init(kc_ctx *c);              /* cuBLASLt handle + workspace, once */

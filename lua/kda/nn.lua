@@ -81,7 +81,8 @@ function nn.Attention:forward(G, x, name, B, T, dec)
   return self.o:forward(G, o:reshape(B * T, self.d), name .. ".o")
 end
 
--- KDA{d, heads, head_dim, v_heads=heads, expand_v=1, conv=4, chunk=64, out_std, norm_eps=1e-5}:
+-- KDA{d, heads, head_dim, v_heads=heads, expand_v=1, conv=4, chunk=64, out_std, norm_eps=1e-5,
+--     precise_gate=false}:
 -- Kimi Delta Attention token mixer on x [B*T, d] (docs: /work/shared/docs/KDA.md §1.2).
 --   q, k = SiLU(Conv(W x)) [B,T,H,K]; v = SiLU(Conv(W x)) [B,T,HV,V]  (conv: depthwise causal, width 4)
 --   g_raw = f2(f1 x) (d -> V -> HV*K); beta_raw = b_proj x (d -> HV)
@@ -90,11 +91,13 @@ end
 -- A_log and dt_bias are created zero-initialised and get the fla init (A_log = log U(1,16);
 -- dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1], >= 1e-4) from :post_init(plan, name,
 -- seed), which kda.train calls after plan:init_params (call it yourself for hand-built plans).
+-- precise_gate: the CUDA backward with fp32-level A_log / dt_bias gradients (Node:kda's option;
+-- the default is fla's precision, ~20% faster a hybrid step: docs/kda.md "Gate gradients").
 nn.KDA = class("KDA")
 nn.KDA.decodes = true          -- forward takes dec (recurrent decoding, KDA.md §5)
 function nn.KDA:init(o)
   o = util.defaults(o, { d = false, heads = false, head_dim = false, v_heads = false, expand_v = 1, conv = 4,
-                         chunk = 64, out_std = false, norm_eps = 1e-5 }, "KDA")
+                         chunk = 64, out_std = false, norm_eps = 1e-5, precise_gate = false }, "KDA")
   if not o.d or not o.heads then util.fail("KDA: give d and heads, e.g. nn.KDA{d=128, heads=4}") end
   self.d, self.H = o.d, o.heads
   self.K = o.head_dim or (o.d / o.heads)
@@ -102,7 +105,7 @@ function nn.KDA:init(o)
   self.V = math.floor(self.K * o.expand_v)
   if self.K ~= math.floor(self.K) or self.K < 1 then util.fail(("KDA: head_dim %s is not a whole number"):format(tostring(self.K))) end
   if self.HV % self.H ~= 0 then util.fail(("KDA: v_heads=%d is not a multiple of heads=%d"):format(self.HV, self.H)) end
-  self.conv, self.chunk, self.eps = o.conv, o.chunk, o.norm_eps
+  self.conv, self.chunk, self.eps, self.precise_gate = o.conv, o.chunk, o.norm_eps, o.precise_gate
   local d, H, HV, K, V = self.d, self.H, self.HV, self.K, self.V
   self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, H * K), nn.Linear(d, H * K), nn.Linear(d, HV * V)
   self.f1, self.f2 = nn.Linear(d, V), nn.Linear(V, HV * K)
@@ -133,7 +136,7 @@ function nn.KDA:forward(G, x, name, B, T, dec)
   if dec then
     o = q:kda_decode(k, v, g, beta, A_log, dt_bias, dec:state(G, name .. ".kda_state", { HV, K, V }), { chunk = self.chunk })
   else
-    o = q:kda(k, v, g, beta, A_log, dt_bias, { chunk = self.chunk })
+    o = q:kda(k, v, g, beta, A_log, dt_bias, { chunk = self.chunk, precise_gate = self.precise_gate })
   end
   o = o:reshape(B * T * HV, V):rmsnorm(G:param(name .. ".o_norm.weight", { V }, "one", 0, { no_decay = true }), self.eps)
   local gate = self.g2:forward(G, self.g1:forward(G, x, name .. ".g1"), name .. ".g2"):sigmoid():reshape(B * T * HV, V)
@@ -251,18 +254,18 @@ function nn.GPT:post_init(plan, seed)
   end
 end
 
--- hybrid{d, layers, heads, attn_every=4, head_dim=d/heads, ...GPT options}: Kimi-Linear-style
+-- hybrid{d, layers, heads, attn_every=4, head_dim=d/heads, precise_gate=false, ...GPT options}: Kimi-Linear-style
 -- stack (KDA.md §1.3): KDA mixers, except every attn_every-th layer (i % attn_every == 0,
 -- 1-based), which is softmax attention without RoPE (NoPE; KDA is the position-aware op).
 function nn.hybrid(o)
   o = util.defaults(o, { d = 128, layers = 4, heads = 4, attn_every = 4, head_dim = false, ffn = false,
-                         vocab = 256, tie = true, chunk = 64 }, "hybrid")
-  local every, hd, chunk = o.attn_every, o.head_dim, o.chunk
+                         vocab = 256, tie = true, chunk = 64, precise_gate = false }, "hybrid")
+  local every, hd, chunk, pg = o.attn_every, o.head_dim, o.chunk, o.precise_gate
   local cfg = { d = o.d, layers = o.layers, heads = o.heads, ffn = o.ffn, vocab = o.vocab, tie = o.tie, rope = false }
   cfg.mixers = function(i, c)
     local out_std = 0.02 / math.sqrt(2 * c.layers)
     if every > 0 and i % every == 0 then return nn.Attention { d = c.d, heads = c.heads, rope = false, out_std = out_std } end
-    return nn.KDA { d = c.d, heads = c.heads, head_dim = hd or nil, chunk = chunk, out_std = out_std }
+    return nn.KDA { d = c.d, heads = c.heads, head_dim = hd or nil, chunk = chunk, out_std = out_std, precise_gate = pg }
   end
   return nn.GPT(cfg)
 end

@@ -353,6 +353,12 @@ static void norm_loss_cases(int dt, double tol) {
   snprintf(nm, sizeof nm, "embed_bwd %s dy [2,67,300] V=256 -> f32", s);
   opcase eb = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 2, 67, 300, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 256)), KDA_F32, {256}, {0}, tol, 0, {0}, 0, 2};
   check(&eb);
+  snprintf(nm, sizeof nm, "embed_bwd %s dy [4,1000,96] V=256 -> f32 (many token segments)", s);
+  opcase eb2 = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 4, 1000, 96, 1), GEN(X(KDA_I32, 2, 4, 1000, 1, 1), G_IDX, 256)), KDA_F32, {256}, {0}, tol, 0, {0}, 0, 2};
+  check(&eb2);
+  snprintf(nm, sizeof nm, "embed_bwd %s dy [2,67,40] V=500 -> f32 (past the accumulators: the scanning kernel)", s);
+  opcase eb3 = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 2, 67, 40, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 500)), KDA_F32, {500}, {0}, tol, 0, {0}, 0, 2};
+  check(&eb3);
   for (int mean = 0; mean < 2; mean++) {
     int op = mean ? KDA_OP_MEAN : KDA_OP_SUM;
     snprintf(nm, sizeof nm, "%s %s [3,70001]", kda_op_name(op), s);

@@ -86,6 +86,18 @@ test("nn: KDA hybrid builds, names, NoPE attention every 4th layer, 10 steps low
   expect(G:find("blocks.3.mix.q.weight") and not G:find("blocks.3.mix.A_log"), "layer 4 must be attention")
   expect(G:find("blocks.0.mix.q_conv.weight"):shape()[2] == 4, "conv width 4")
   expect(not m.blocks[4].mixer.rope, "attention layers must be NoPE")
+  -- precise_gate reaches the KDA nodes (the CUDA backward's gate-gradient precision); off by default
+  local function kda_flags(model)
+    local g = kda.Graph(); model:forward(g, g:input("tokens", "i32", { 1, 8 }))
+    local f = {}
+    for id = 0, g:nnodes() - 1 do
+      if kda.C.kda_graph_node_op(g.g, id) == kda.C.KDA_OP_KDA then f[#f + 1] = tonumber(kda.C.kda_graph_node_iattr(g.g, id, 4)) end
+    end
+    return f
+  end
+  local off, on = kda_flags(m), kda_flags(kda.nn.hybrid { d = 32, layers = 4, heads = 2, precise_gate = true })
+  expect(#off == 3 and #on == 3 and off[1] == 0 and off[3] == 0 and on[1] == 1 and on[3] == 1,
+         "precise_gate flags " .. table.concat(off, ",") .. " / " .. table.concat(on, ","))
   local r = kda.train { model = m, data = { { path = licenses, name = "l" } }, batch = 4, seq = 32, steps = 10,
                         lr = 3e-3, log_every = 1, seed = 3, quiet = true, eval_batches = 1 }
   local first, last = r.losses[1].loss, r.losses[#r.losses].loss
