@@ -197,6 +197,48 @@ static void bench_xent(int64_t N, int64_t V) {
   be->free(z.data), be->free(t.data), be->free(l.data), be->free(dz.data);
 }
 
+/* the KDA layer's conv branch at the hybrid's shape: x bf16, dy the f32 slice of KDA_BWD's packed
+ * gradient, the packed [dx, dw] gradient f32 */
+static void bench_conv(int64_t B, int64_t T, int64_t C) {
+  kda_tview x = buf(KDA_BF16, 3, B, T, C, 1, 1.f), w = buf(KDA_F32, 2, C, 4, 1, 1, 1.f);
+  kda_tview y = buf(KDA_BF16, 3, B, T, C, 1, 1.f), dy = buf(KDA_F32, 3, B, T, C, 1, 1.f);
+  kda_tview g = buf(KDA_F32, 1, B * T * C + C * 4, 1, 1, 1, 1.f);
+  kda_tview in[3] = {x, w, dy};
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_CONV1D, n.nin = 2, n.in = in, n.out = y, n.iattr[0] = 1;
+  char s[64];
+  snprintf(s, sizeof s, "[%lld,%lld,%lld] W=4 silu", (long long)B, (long long)T, (long long)C);
+  row("conv1d fwd (bf16)", s, time_list(&n, 1), 0, 4.0 * B * T * C);
+  n.op = KDA_OP_CONV1D_BWD, n.nin = 3, n.out = g;
+  row("conv1d bwd (f32 dy, dx, dw)", s, time_list(&n, 1), 0, 10.0 * B * T * C);
+  free_views(in, 3), be->free(y.data), be->free(g.data);
+}
+
+/* byte-level token ids: a fifth of them one id (' '), the rest uniform over 256 */
+__global__ void k_skew_ids(int32_t *p, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u;
+    h ^= h >> 16, h *= 0x7feb352d, h ^= h >> 15;
+    p[i] = h % 5 == 0 ? 32 : (int32_t)((h >> 8) % 256u);
+  }
+}
+
+static void bench_embed_bwd(int64_t N, int64_t D) {
+  kda_tview dy = buf(KDA_BF16, 2, N, D, 1, 1, 1.f), ids = buf(KDA_I32, 1, N, 1, 1, 1, 1.f);
+  kda_tview o = buf(KDA_F32, 2, 256, D, 1, 1, 1.f);
+  k_skew_ids<<<256, 256, 0, stream>>>((int32_t *)ids.data, N);
+  CK(cudaGetLastError());
+  kda_tview in[2] = {dy, ids};
+  kda_exec_node n;
+  memset(&n, 0, sizeof n);
+  n.op = KDA_OP_EMBED_BWD, n.nin = 2, n.in = in, n.out = o, n.iattr[0] = 256;
+  char s[64];
+  snprintf(s, sizeof s, "[%lld,%lld] bf16 V=256, 20%% one id", (long long)N, (long long)D);
+  row("embed bwd", s, time_list(&n, 1), 0, 2.0 * N * D + 4.0 * N);
+  free_views(in, 2), be->free(o.data);
+}
+
 static void bench_adamw(int64_t P) {
   kda_tview v[6] = {buf(KDA_F32, 1, P, 1, 1, 1, 0.02f), buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f),
                     buf(KDA_F32, 1, P, 1, 1, 1, 1e-3f), buf(KDA_F32, 1, P, 1, 1, 1, 1e-6f),
@@ -275,6 +317,9 @@ int main(void) {
   bench_rows(65536, 768);
   bench_rows(65536, 2048);
   bench_xent(65536, 256);
+  bench_conv(64, 512, 256);   /* the hybrid S 64x512's q, k, v conv */
+  bench_embed_bwd(32768, 256);
+  bench_embed_bwd(32768, 2048);
   bench_adamw(124000000);
   bench_adamw_many(75, 87381, 1);   /* ~GPT S: 6.5M params in ~75 tensors */
   bench_adamw_many(75, 87381, 0);
