@@ -282,7 +282,7 @@ static void fwd_kda(int64_t chunk_attr, const char *name) {
     dd[i] = kda_tensor_cast(in[i], KDA_F64);
     dp[i] = kda_tensor_data(dd[i]);
   }
-  kda_kda_args a = {B, T, H, HV, K, V, 0.0f, KDA_GATE_SOFTPLUS, 0.0f, 1, KDA_BETA_SIGMOID, 64, NULL, 0, 0};
+  kda_kda_args a = {B, T, H, HV, K, V, 0.0f, KDA_GATE_SOFTPLUS, 0.0f, 1, KDA_BETA_SIGMOID, 64, NULL, 0, 0, 0};
   static double o64[B * T * HV * V];
   static float want[B * T * HV * V];
   if (kda_kdaref_recurrent64(&a, dp[0], dp[1], dp[2], dp[3], dp[4], dp[5], dp[6], NULL, o64, NULL)) {
