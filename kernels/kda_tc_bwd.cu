@@ -232,18 +232,39 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
    * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
    * k_intra_tc wrote it, raw bf16 dO and v. It used to convert vn and form Kb (three loads per
-   * element) with batched loads, ~50% of the kernel's time at K = V = 128. */
+   * element) with batched loads, ~50% of the kernel's time at K = V = 128. Two groups: dA's
+   * operands (Vn, dO) first, so that dA runs while the rest (M, dVn, dW, Kb, v) arrives. */
+  cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  cp_async_commit();
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
   cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
-  cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
   cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
   for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
-  cp_async_wait_all();
+  cp_async_commit();
+  cp_async_wait_group<1>();                        /* Vn, dO (the rest may fly) */
   __syncthreads();
   PH(0);
+  if constexpr (!PR) {
+    rows_to_bf16(VnF, C, VS, V16);                 /* Vn: the bf16 dA product's only use */
+    __syncthreads();
+  }
+  /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
+  /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
+   * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */
+  auto da_out = [&](int i, int j, float x0, float x1) {
+    auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
+    if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
+  };
+  if constexpr (PR)
+    mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
+                       [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
+  else
+    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
+  cp_async_wait_all();
+  __syncthreads();                                 /* the rest landed; every warp done with VnF before dM overwrites it */
   /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
    * Kb are MMA operands only, so rounding them in place changes no result (the cvt per
    * fragment load rounded the same way), and M^T as a tile of its own gives the three M^T
@@ -262,22 +283,8 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
       float4 x = q4[e];
       q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
     }
-    rows_to_bf16(VnF, C, VS, V16);                 /* Vn: the bf16 dA product's only use */
     __syncthreads();
   }
-  /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
-  /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
-   * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */
-  auto da_out = [&](int i, int j, float x0, float x1) {
-    auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-    if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
-  };
-  if constexpr (PR)
-    mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
-                       [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
-  else
-    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
-  __syncthreads();                                 /* every warp done with VnF before dM overwrites it */
   PH(1);
   /* dM = strict-tril([dVn | dW] [bV | Kb]^T)  (tf32) */
   auto dm_a = [&](int i, int k) { return k < V16 ? dVs[i * VS + k] : dWs[i * KS + k - V16]; };
