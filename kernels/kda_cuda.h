@@ -47,10 +47,9 @@ int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const void *k, co
  * caller's side: the same a, inputs and h0 as the forward, and nothing else writing the
  * workspace in between (a backward leaves it intact: it may run again), and the same
  * KDA_KDA_SIMPLE for both calls. A kept forward prepares for the precise backward (dA_log /
- * ddt_bias of a parameterised gate) when gate_mode != 0 and a->precise_gate, or
- * KDA_KDA_PRECISE=1 (its own o then
- * comes from the fp32 tiles), else for the fast one; a backward of the other precision, and
- * version 1, recompute. */
+ * ddt_bias of a parameterised gate) when gate_mode != 0 and a->precise_gate, or when
+ * KDA_KDA_PRECISE=1 (its own o then comes from the fp32 tiles), else for the fast one; a
+ * backward of the other precision, and version 1, recompute. */
 int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, const void *v,
                           const void *g, const void *beta, const float *A_log,
                           const float *dt_bias, const float *h0, const void *dout,

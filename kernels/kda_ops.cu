@@ -260,7 +260,7 @@ __global__ void k_conv_dw(const float *part, int64_t ntiles, int64_t CW, void *o
   if (!lane) kc_st(out, odt, off + i, s);
 }
 
-/* The common shape (the layer's W = 4, an even channel count; x and dy of one type): a thread
+/* The common shape (the layer's W = 4, an even channel count): a thread
  * owns two adjacent channels (one 4- or 8-byte load a row, a warp's loads one contiguous
  * segment) over a run of CV_RUN tokens of one sequence, so each input row is loaded once, not
  * W times as in k_conv_fwd, and all of a thread's loads are in flight together. */

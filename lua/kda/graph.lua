@@ -103,8 +103,8 @@ function Node:attention(k, v, scale) return self.G:op(C.KDA_OP_ATTENTION, { self
 -- q:kda(k, v, g_raw, beta_raw, A_log, dt_bias, opts) -> o [B,T,HV,V] (KDA_OP_KDA, core/kda_ref.h).
 -- opts: gate_mode (1 softplus | 0 log | 2 lower bound), qk_l2norm (true), beta_mode (1 sigmoid |
 -- 0 raw | 2 2*sigmoid), chunk (64), scale (0 = 1/sqrt(K)), lower_bound (gate_mode 2 only),
--- precise_gate (false: on CUDA, true runs the backward's products that feed dA_log / dt_bias's
--- gradients in split tf32, at about twice the backward's time; docs/kda.md "Gate gradients").
+-- precise_gate (false; true makes the CUDA backward run the products that feed the A_log and
+-- dt_bias gradients in split tf32, at about twice its time; docs/kda.md "Gate gradients").
 function Node:kda(k, v, g, beta, A_log, dt_bias, o)
   o = o or {}
   local l2 = o.qk_l2norm == nil and 1 or ((o.qk_l2norm == true or o.qk_l2norm == 1) and 1 or 0)
