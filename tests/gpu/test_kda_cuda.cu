@@ -299,8 +299,8 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     /* a kept forward that prepares the precise backward (a parameterised gate asking for it,
      * or KDA_KDA_PRECISE=1; version 2) computes o, ht from the precise tiles: those two are
      * held to the CPU reference instead of the recompute's bytes */
-    const char *pe = getenv("KDA_KDA_PRECISE"), *se = getenv("KDA_KDA_SIMPLE");
-    bool pk = (pe && *pe ? strcmp(pe, "0") != 0 : a.gate_mode != 0 && a.precise_gate) && !(se && *se && strcmp(se, "0"));
+    const char *se = getenv("KDA_KDA_SIMPLE");
+    bool pk = precise_bwd(a.gate_mode, a.precise_gate) && !(se && *se && strcmp(se, "0"));
     int same = !rc;
     for (size_t i = pk ? 2 : 0; i < outs.size() && same; i++) {
       std::vector<char> b(outs[i].second);
