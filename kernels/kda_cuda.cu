@@ -689,6 +689,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const char *rs = getenv("KDA_KDA_ROWS_SEP");
     int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
     sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
+    /* the fast variant's Vn in a tile of its own (staged with the first copies, not after dW)
+     * where two blocks an SM still fit: the small heads; KDA_KDA_ROWS_VN=0 off */
+    const char *rv = getenv("KDA_KDA_ROWS_VN");
+    size_t vnb = smem_rows_tc_vn(a->chunk, a->V);
+    int vnx = !prec && 2 * (sm + vnb) <= smem_per_sm() && !(rv && strcmp(rv, "0") == 0);
+    if (vnx) sm += vnb;
     auto krw = k_bwd_rows_tc_pick(prec, kv);
     if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
@@ -698,7 +704,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * sm <= smem_per_sm() ? 256 : NTC);
-    krw<<<gc, rt, sm, st>>>(p, dout, w, sep);
+    krw<<<gc, rt, sm, st>>>(p, dout, w, sep | vnx << 1);
     LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);

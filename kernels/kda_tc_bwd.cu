@@ -9,7 +9,7 @@
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
  * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0, R2 [C][VS]
- * dVn then Vn, fp32 G [C][K16+4], bf16 dO [C][VB]; dS goes to its own tile R3 [K16][VS] with
+ * dVn then Vn (or Vn in R4, below), fp32 G [C][K16+4], bf16 dO [C][VB]; dS goes to its own tile R3 [K16][VS] with
  * the first copies when it fits (sep, smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn
  * is summed from shared memory while Vn streams in; otherwise into R1 after the S0 products
  * and dgn reads S0, dS from global (rows_dgn). The fast variant rounds S0, dS, Vn, dVn to bf16
@@ -21,6 +21,9 @@ size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants, dS sh
 }
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
   return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
+}
+size_t smem_rows_tc_vn(int64_t C, int64_t V) {   /* the fast variant's separate Vn tile R4 */
+  return (size_t)C * (r16(V) + 4) * 4;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
  * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
@@ -109,7 +112,11 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
   float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
   sbf *dO = (sbf *)(Gs + C * GS);
-  float *R3 = sep ? (float *)(dO + C * VB) : R1;
+  /* sep & 2 (the fast variant, when two blocks an SM still fit): Vn in a tile of its own, R4
+   * [C][VS], staged in a second group with the first copies instead of into R2 after dW */
+  const bool vnx = !PR && (sep & 2);
+  sep &= 1;
+  float *R3 = sep ? (float *)(dO + C * VB) : R1, *R4 = (float *)(dO + C * VB) + (sep ? K16 * VS : 0);
   const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
   const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
   bool al = V % 4 == 0;
@@ -119,9 +126,15 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   if (sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+  if (vnx) {
+    cp_async_commit();
+    cp_tile_f32(R4, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    cp_async_commit();
+  }
   PH(0);
   if (!sep) rows_dgn(p, w, cb, h, gS0, gdS);
-  cp_async_wait_all();
+  if (vnx) cp_async_wait_group<1>();               /* all but Vn */
+  else cp_async_wait_all();
   __syncthreads();
   PH(1);
   /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; each epilogue stores a row's two
@@ -151,14 +164,15 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, pairs2(dw_out));
     __syncthreads();                               /* dVn (and without sep S0) read by every warp */
     if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
-    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    if (!vnx) cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
+    float *Rv = vnx ? R4 : R2;
     cp_async_wait_all();
     __syncthreads();
-    rows_to_bf16(R2, C, VS, V16);
+    rows_to_bf16(Rv, C, VS, V16);
     if (!sep) rows_to_bf16(R3, K16, VS, V16);
     __syncthreads();
     PH(3);
-    mma_ldm(C, K16, b16(R2), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+    mma_ldm(C, K16, b16(Rv), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
   } else {
     auto s0t = [&](int c, int d) { return R1[d * VS + c]; };   /* S0^T */
     mma_blk4<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, s0t, pairs2(dq_out));
