@@ -937,8 +937,8 @@ __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const vo
   if (dh0) st_st(p, dh0, b.sbase, c0, t0s);
 }
 
-/* The precise forward of a kept call (kda_kda_args.keep with a parameterised gate, whose
- * backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
+/* The precise forward of a kept call (kda_kda_args.keep with a parameterised gate and
+ * precise_gate, or KDA_KDA_PRECISE=1: the backward is the precise one): k_intra_tc_p's fp32 tiles, the backward's forward sweep with
  * o, then ht. The backward reuses w.h, w.vn and the tiles instead of recomputing them. */
 template <int KV>
 __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float *h0, void *o, float *ht) {
