@@ -9,7 +9,8 @@
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
  * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0, R2 [C][VS]
- * dVn then Vn (or Vn in R4, below), fp32 G [C][K16+4], bf16 dO [C][VB]; dS goes to its own tile R3 [K16][VS] with
+ * dVn then Vn (or Vn in a tile R4 of its own, see bwd_rows_tc), fp32 G [C][K16+4], bf16 dO
+ * [C][VB]; dS goes to its own tile R3 [K16][VS] with
  * the first copies when it fits (sep, smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn
  * is summed from shared memory while Vn streams in; otherwise into R1 after the S0 products
  * and dgn reads S0, dS from global (rows_dgn). The fast variant rounds S0, dS, Vn, dVn to bf16
