@@ -350,15 +350,18 @@ static void norm_loss_cases(int dt, double tol) {
   snprintf(nm, sizeof nm, "embed f32 table -> %s [2,67,96]", s);
   opcase e = {nm, KDA_OP_EMBED, T2(X(KDA_F32, 2, 256, 96, 1, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 256)), dt, {0}, {0}, tol, 0, {0}, 0, 1};
   check(&e);
-  snprintf(nm, sizeof nm, "embed_bwd %s dy [2,67,300] V=256 -> f32", s);
-  opcase eb = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 2, 67, 300, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 256)), KDA_F32, {256}, {0}, tol, 0, {0}, 0, 2};
-  check(&eb);
-  snprintf(nm, sizeof nm, "embed_bwd %s dy [4,1000,96] V=256 -> f32 (many token segments)", s);
-  opcase eb2 = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 4, 1000, 96, 1), GEN(X(KDA_I32, 2, 4, 1000, 1, 1), G_IDX, 256)), KDA_F32, {256}, {0}, tol, 0, {0}, 0, 2};
-  check(&eb2);
-  snprintf(nm, sizeof nm, "embed_bwd %s dy [2,67,40] V=500 -> f32 (past the accumulators: the scanning kernel)", s);
-  opcase eb3 = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, 2, 67, 40, 1), GEN(X(KDA_I32, 2, 2, 67, 1, 1), G_IDX, 500)), KDA_F32, {500}, {0}, tol, 0, {0}, 0, 2};
-  check(&eb3);
+  /* embed_bwd: a partial column group; many token segments; a vocabulary past the shared
+   * accumulators (the scanning kernel) */
+  const struct { int64_t B, T, D, V; const char *what; } ebc[3] = {
+      {2, 67, 300, 256, ""}, {4, 1000, 96, 256, " (many token segments)"},
+      {2, 67, 40, 500, " (past the accumulators: the scanning kernel)"}};
+  for (int i = 0; i < 3; i++) {
+    snprintf(nm, sizeof nm, "embed_bwd %s dy [%lld,%lld,%lld] V=%lld -> f32%s", s, (long long)ebc[i].B,
+             (long long)ebc[i].T, (long long)ebc[i].D, (long long)ebc[i].V, ebc[i].what);
+    opcase eb = {nm, KDA_OP_EMBED_BWD, T2(X(dt, 3, ebc[i].B, ebc[i].T, ebc[i].D, 1),
+                 GEN(X(KDA_I32, 2, ebc[i].B, ebc[i].T, 1, 1), G_IDX, (float)ebc[i].V)), KDA_F32, {ebc[i].V}, {0}, tol, 0, {0}, 0, 2};
+    check(&eb);
+  }
   for (int mean = 0; mean < 2; mean++) {
     int op = mean ? KDA_OP_MEAN : KDA_OP_SUM;
     snprintf(nm, sizeof nm, "%s %s [3,70001]", kda_op_name(op), s);
