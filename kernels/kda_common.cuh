@@ -76,6 +76,9 @@ struct ws {
    * (k_intra_tc_p) writes the same tiles in fp32 instead, through W, qg (= s qg), kg, Aqk:
    * rows of r16(K) floats (not K as version 1), so those buffers hold [., r16(K)] floats */
   bf16 *Wb, *qgb, *kgb, *Ab;
+  /* the forward's flow kernel (k_fwd_flow): [0] the role ticket, then a ready flag per
+   * (chunk, value head), zeroed by the chunk table's block ahead of each forward */
+  int *flow;
 };
 
 static inline int64_t n_seq(const kda_kda_args *a) { return a->cu_seqlens ? a->nseq : a->B; }
@@ -225,4 +228,8 @@ enum { ST_FAST, ST_DB, ST_PRECISE };
 state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
 state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
 state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
+/* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): the first ns blocks to
+ * start run the state pass, the rest the intra chunks, which flag each chunk when written */
+typedef void (*fwd_flow_fn)(kp, const void *, ws, int, const float *, void *, float *, int);
+fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
 #endif

@@ -42,6 +42,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   };
   w->ctab = (int *)take(NTu * 4 * 4);
   w->sfirst = (int *)take((n_seq(a) + 1) * 4);
+  w->flow = (int *)take((1 + NTu * a->HV) * 4);
   w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4);
   w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4);
   w->Aqk = (float *)take(TH * C * 4), w->M = (float *)take(TH * C * 4);
@@ -77,7 +78,8 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
  * starts need a prefix sum). One block does it: the last block of the row kernels below, which
  * run beside it and read none of it (it was a kernel of its own, k_chunks, one more launch
  * ahead of k_intra on every forward). */
-static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst) {
+static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst, int *flow) {
+  for (int64_t i = threadIdx.x; i <= NTu * p.HV; i += blockDim.x) flow[i] = 0;   /* k_fwd_flow's */
   if (!p.cu) {
     int64_t nc = (p.T + p.C - 1) / p.C;
     for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
@@ -110,7 +112,7 @@ static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfi
  * at (8,2048,16,128) for ~0.6 GB of traffic, scheduling-bound. */
 __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const void *beta,
                        const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
-  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst);
+  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.HV) return;
   int lane = threadIdx.x & 31;
@@ -163,7 +165,7 @@ static __device__ __forceinline__ float lane_group_sum(float v) {
 template <int NJ, int LW>
 __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const void *beta,
                         const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
-  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst);
+  if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
   int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
   bool live = row < p.B * p.T * p.HV;              /* LW < 32: a dead half still shuffles */
   if (LW == 32 && !live) return;
@@ -431,6 +433,7 @@ static void preload_kernels(int kv) {
   }
   for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
   ld((const void *)k_state_bwd_tc_db_pick(kv));
+  ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
@@ -509,6 +512,16 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
   int nsm = sm_count();
   return nsm && (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
 }
+/* the forward's flow kernel (k_fwd_flow) where the state pass's second-tile-set grid holds at
+ * most half the SMs (its blocks wait; the intra blocks need the SMs they do not hold) and
+ * KDA_KDA_THREADS sets neither kernel's size (the flow runs both at NTC); KDA_KDA_FLOW=0 turns
+ * it off (read per call: test_kda_cuda compares the two) */
+static int use_flow(const kda_kda_args *a) {
+  const char *e = getenv("KDA_KDA_FLOW");
+  if (e && strcmp(e, "0") == 0) return 0;
+  if (chunk_threads(a, "intra", NTC) != NTC || chunk_threads(a, "state_fwd", NTC) != NTC) return 0;
+  return 2 * (int64_t)state_grid(a).x <= sm_count();
+}
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
@@ -525,10 +538,24 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   return need <= (size_t)lim;
 }
 
-/* the shared front: chunk table, rows, intra (used by forward and by the backward recompute) */
+/* k_intra_tc's layout for this call: vt = 1, v staged raw (bf16, cp.async) with q, k, G when
+ * its tile fits next to the others; vt = 2, the compact layout (small heads:
+ * smem_intra_tc_compact, use_compact); returns the shared-memory bytes */
+static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
+  size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
+  int al = a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
+  *vt = smv <= (size_t)smem_optin_limit() && al;
+  if (*vt) sm = smv;
+  size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V);
+  if (al && use_compact(sm, smc)) *vt = 2, sm = smc;
+  return sm;
+}
+
+/* the shared front: chunk table, rows, intra (used by forward and by the backward recompute);
+ * intra = 0: the rows only (the forward's flow kernel runs intra) */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
-                 const ws &w, cudaStream_t st, const char *op, int tc, int prec) {
+                 const ws &w, cudaStream_t st, const char *op, int tc, int prec, int intra = 1) {
   int64_t NTu = n_chunks_max(a);
   /* each row kernel's grid has one more block, which writes the chunk table */
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
@@ -541,15 +568,10 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
   else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
   LAUNCH_OK("k_rows", "kda cuda");
+  if (!intra) return 0;
   if (tc) {
-    /* vt = 1: v staged raw (bf16, cp.async) with q, k, G when its tile fits next to the others;
-     * vt = 2: the compact layout (small heads: smem_intra_tc_compact, use_compact) */
-    size_t sm = smem_intra_tc(a->chunk, a->K, a->V), smv = sm + smem_intra_vtile(a->chunk, a->V);
-    int al = a->V % 8 == 0 && ((uintptr_t)v & 15) == 0;
-    int vt = smv <= (size_t)smem_optin_limit() && al;
-    if (vt) sm = smv;
-    size_t smc = smem_intra_tc_compact(a->chunk, a->K, a->V);
-    if (al && use_compact(sm, smc)) vt = 2, sm = smc;
+    int vt;
+    size_t sm = intra_layout(a, v, &vt);
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
@@ -598,7 +620,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
    * fp32 tiles and k_state_fwd_tc_p's 3xTF32 states (o from them, to fp32 level) */
   int kp_ = a->keep && tc && use_precise(a, 1), pk = kp_ && use_tc(a, 1, 1);
   if (!(a->keep && tc && (kp_ ? pk : use_tc(a, 1, 0)))) w.Kb = w.h = w.vn = nullptr;
-  if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
+  if ((pk || !tc) && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
     auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv);
@@ -614,6 +636,22 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * (1,8192,16,128) 1.295 -> 1.228 ms, fwd+bwd 3.813 -> 3.665; (8,512,4,64) fwd 0.088 -> 0.084,
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
+    if (use_state_db(a, smd) && use_flow(a)) {
+      /* intra and the state pass as one grid (k_fwd_flow in kda_tc.cu: the state blocks follow
+       * the intra blocks chunk by chunk instead of starting after the last); the flags it
+       * waits on are zeroed by front's chunk-table block */
+      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, 0)) return -1;
+      int vt, ns = (int)state_grid(a).x;
+      size_t smi = intra_layout(a, v, &vt), smf = smi > smd ? smi : smd;
+      auto kern = k_fwd_flow_pick(vt == 2, kv);
+      if (smem_opt_in((const void *)kern, smf, a, op, "k_fwd_flow")) return -1;
+      if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
+      unsigned nb = (unsigned)(ns + n_chunks_max(a) * a->HV);
+      kern<<<nb, NTC, smf, st>>>(p, v, w, vt, h0, o, ht, ns);
+      LAUNCH_OK("k_fwd_flow", "kda_kda_cuda_forward");
+      return 0;
+    }
+    if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
     if (use_state_db(a, smd)) {
       auto kern = k_state_fwd_tc_pick(ST_DB, kv);
       if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;

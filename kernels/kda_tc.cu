@@ -139,14 +139,14 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR, bool CM, int KV>
-static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt) {
+static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, int cb, int64_t h) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
   /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation (the wide
    * kernel's PTX stays what it was: with the layout chosen at run time it was 1.3-1.7% slower
@@ -370,7 +370,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   PH(9);
 }
 template <bool PR, bool CM, int KV>
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) { intra_tc<PR, CM, KV>(p, v, w, vt); }
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) {
+  intra_tc<PR, CM, KV>(p, v, w, vt, blockIdx.x, blockIdx.y);
+}
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
                                          {KV_SLOTS(k_intra_tc, true, false), KV_SLOTS(k_intra_tc, true, true)}};
@@ -400,15 +402,15 @@ template <class T> struct st_tiles {
  * Vn written by the epilogues that form them (the same RN rounding the MMA operands had), and
  * no fp32 dVn: [W qg kg][C][KB], A [C][CB], Sb [K16][DB], Vb [C][DB], dO [C][DB] (bf16),
  * S [K16][SB], Vn [C][SB], en [K16] (fp32). The fp32 layout (the precise backward) as before. */
-template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm) {
+template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm, bool dO = true) {
   st_tiles<T> t;
   t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
   t.DB = BVT + 8;
   T *b = (T *)sm;
   t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
   if constexpr (std::is_same<T, sbf>::value) {
-    t.Sb = t.A + p.C * t.CB, t.Vb = t.Sb + t.K16 * t.DB, t.dO = t.Vb + p.C * t.DB;
-    t.S = (float *)(t.dO + p.C * t.DB);
+    t.Sb = t.A + p.C * t.CB, t.Vb = t.Sb + t.K16 * t.DB, t.dO = dO ? t.Vb + p.C * t.DB : nullptr;
+    t.S = (float *)(t.Vb + (dO ? 2 : 1) * p.C * t.DB);
     t.Vn = t.S + t.K16 * t.SB;
     t.dV = nullptr;
     t.en = t.Vn + p.C * t.SB;
@@ -575,8 +577,8 @@ struct st_blk {
   int64_t h, c0, sbase;   /* value head, first V column, offset of (n, h)'s K x V state */
   int cf, cl;             /* the sequence's chunks [cf, cl) */
 };
-static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w) {
-  int64_t nz = (p.V + BVT - 1) / BVT, b = blockIdx.x, nh = b / nz, n = nh / p.HV;
+static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w, int64_t b = blockIdx.x) {
+  int64_t nz = (p.V + BVT - 1) / BVT, nh = b / nz, n = nh / p.HV;
   st_blk s;
   s.c0 = (b % nz) * BVT, s.h = nh % p.HV, s.sbase = nh * p.K * p.V;
   s.cf = w.sfirst[n], s.cl = w.sfirst[n + 1];
@@ -595,7 +597,7 @@ static __device__ __forceinline__ st_glast st_glast_load(const kp &p, const ws &
   st_glast g;
   g.row = w.G + ((t0 + m - 1) * p.HV + h) * p.K;
 #pragma unroll
-  for (int u = 0; u < 2; u++) g.v[u] = threadIdx.x + u * BT < p.K ? g.row[threadIdx.x + u * BT] : 0.f;
+  for (int u = 0; u < 2; u++) g.v[u] = threadIdx.x + u * BT < p.K ? __ldcg(g.row + threadIdx.x + u * BT) : 0.f;
   return g;
 }
 template <class T>
@@ -605,7 +607,7 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
     int d = threadIdx.x + u * BT;
     if (d < t.K16) t.en[d] = d < p.K ? kexp(g.v[u]) : 0.f;
   }
-  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? kexp(g.row[d]) : 0.f;
+  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? kexp(__ldcg(g.row + d)) : 0.f;
 }
 
 /* w.h, w.vn non-NULL (a forward that keeps its internals, kda_kda_args.keep): also stores the
@@ -684,22 +686,37 @@ static __device__ __forceinline__ st_tiles<sbf> st_carve_db(const kp &p, const s
  * products in the same order: the same bytes as k_state_fwd_tc. Measured on the H200 (fwd,
  * against KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 1.295 -> 1.228 ms, (8,512,4,64)
  * 0.088 -> 0.084. */
-size_t smem_state_tc_db(int64_t C, int64_t K) {
-  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4;
-  return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
+size_t smem_state_tc_db(int64_t C, int64_t K) {   /* without the first set's dO tile (st_carve) */
+  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4, DB = BVT + 8;
+  return smem_state_tc(C, K, 0) - (size_t)C * DB * 2 + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
+}
+/* flow (k_fwd_flow): thread 0 waits for chunk ci's ready flag (k_fwd_flow's intra blocks set
+ * it once the chunk's tiles are written); the caller's __syncthreads then holds the block */
+static __device__ __forceinline__ void flow_wait(const ws &w, int ci, int64_t h, int64_t HV, bool flow) {
+  if (!flow || threadIdx.x) return;
+  const int *f = w.flow + 1 + ci * HV + h;
+  for (;;) {
+    int x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(f) : "memory");
+    if (x) return;
+    __nanosleep(100);
+  }
 }
 template <int KV>
-__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
+static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0, void *o, float *ht, int64_t blk,
+                                                    bool flow) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, 0>(p);
-  const st_blk b = st_block(p, w);
+  const st_blk b = st_block(p, w, blk);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, true);
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm, false), t1s = st_carve_db(p, t0s, true);
   PH_INIT(1);
   st_ld(p, h0, b.sbase, c0, t0s);
   constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
+  if (cf < cl) flow_wait(w, cf, h, HV, flow);
+  __syncthreads();
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, ALL);
   cp_async_commit();
   /* one chunk step with set t, staging chunk ci + 1 into set tn (the loop below alternates the
@@ -708,6 +725,7 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
     int64_t t0 = w.ctab[4 * ci + 1];
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
+    if (ci + 1 < cl) flow_wait(w, ci + 1, h, HV, flow);
     __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
     if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
     if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
@@ -735,6 +753,47 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
   }
   __syncthreads();
   if (ht) st_st(p, ht, b.sbase, c0, t0s);
+}
+template <int KV>
+__global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
+  state_fwd_db<KV>(p, w, h0, o, ht, blockIdx.x, false);
+}
+
+/* The forward's two kernels as one grid, for the grids k_state_fwd_tc_db serves (a block an
+ * SM at most), where the state pass occupies at most half the SMs and used to start only
+ * once every chunk's intra block had finished: here it follows the intra blocks chunk by
+ * chunk on the SMs it holds while they run on the rest. A block's role is its start order
+ * (an atomic ticket), not its index: the first ns blocks to start run the state pass (one
+ * st_block each), so every block that waits is resident, and the intra blocks, which never
+ * wait, have the other SMs: no order of block scheduling can deadlock. The intra blocks take
+ * the chunks position by position (every sequence's first chunk, then every second, ...: the
+ * state passes' order) when the sequences have one length; packed sequences in chunk order.
+ * Each intra block, once its tiles are written, fences and sets its chunk's flag (release);
+ * the state block's thread 0 reads it (acquire) before the copies of that chunk. The same
+ * arithmetic as the two kernels: bit-identical results (test_kda_cuda checks it). */
+template <bool CM, int KV>
+__global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, const float *h0,
+                                                             void *o, float *ht, int ns) {
+  __shared__ int role;
+  if (!threadIdx.x) role = atomicAdd(w.flow, 1);
+  __syncthreads();
+  const int r = role;
+  if (r < ns) return state_fwd_db<KV>(p, w, h0, o, ht, r, true);
+  int64_t x = r - ns, HV = p.HV, h = x % HV, q = x / HV, cb = q;
+  if (!p.cu) {
+    int64_t nc = (p.T + p.C - 1) / p.C;
+    cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
+  }
+  intra_tc<false, CM, KV>(p, v, w, vt, (int)cb, h);
+  __syncthreads();                                 /* every thread's stores issued */
+  if (!threadIdx.x) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(w.flow + 1 + cb * HV + h), "r"(1) : "memory");
+  }
+}
+fwd_flow_fn k_fwd_flow_pick(bool cm, int kv) {
+  static const fwd_flow_fn t[2][3] = {KV_SLOTS(k_fwd_flow, false), KV_SLOTS(k_fwd_flow, true)};
+  return t[cm][kv_slot(kv)];
 }
 
 /* The forward sweep of the backward state pass: from h0, per chunk, store the state entering

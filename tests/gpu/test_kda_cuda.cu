@@ -315,6 +315,23 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       std::string nm = std::string(name) + ": kept precise forward";
       verdict(nm.c_str(), {{"o", &o, &o3, 0.005, 0}, {"ht", &ht, &ht3, 0.005, 0}});
     }
+    /* the forward's flow kernel (intra and the state pass as one grid, where the state grid is
+     * small; the default) against its two kernels (KDA_KDA_FLOW=0): the same bytes */
+    const char *sd = getenv("KDA_KDA_STATE_DB");
+    if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0"))) {
+      setenv("KDA_KDA_FLOW", "0", 1);
+      rc = kda_kda_cuda_forward(&a, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
+      unsetenv("KDA_KDA_FLOW");
+      CK(cudaDeviceSynchronize());
+      same = !rc;
+      for (size_t i = 0; i < 2 && same; i++) {
+        std::vector<char> b(outs[i].second);
+        CK(cudaMemcpy(b.data(), outs[i].first, outs[i].second, cudaMemcpyDeviceToHost));
+        same = !memcmp(b.data(), ref[i].data(), b.size());
+      }
+      if (same) printf("ok - %s: forward as one grid (flow) = two kernels (KDA_KDA_FLOW=0), bit for bit\n", name), npass++;
+      else printf("FAIL - %s: flow forward differs from two kernels%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+    }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
   for (void *x : fr) if (x) cudaFree(x);
