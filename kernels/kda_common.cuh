@@ -76,8 +76,11 @@ struct ws {
    * (k_intra_tc_p) writes the same tiles in fp32 instead, through W, qg (= s qg), kg, Aqk:
    * rows of r16(K) floats (not K as version 1), so those buffers hold [., r16(K)] floats */
   bf16 *Wb, *qgb, *kgb, *Ab;
-  /* the forward's flow kernel (k_fwd_flow): [0] the role ticket, then a ready flag per
-   * (chunk, value head), zeroed by the chunk table's block ahead of each forward */
+  /* the flow kernels' words, zeroed by the chunk table's block (every forward, every
+   * recomputing backward): k_fwd_flow's role ticket [0] and a ready flag per (chunk, value
+   * head) [1, 1 + NTu HV); then k_bwd_flow's ticket, its count of finished blocks and its flags
+   * (each reset by the block that consumed it, the ticket and count by the last block: a kept
+   * forward's backward may run twice) */
   int *flow;
 };
 
@@ -232,4 +235,8 @@ state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
  * start run the state pass, the rest the intra chunks, which flag each chunk when written */
 typedef void (*fwd_flow_fn)(kp, const void *, ws, int, const float *, void *, float *, int);
 fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
+/* k_state_bwd_tc_db and k_bwd_rows_tc as one grid (kda_tc_bwd.cu): the state blocks flag each
+ * chunk's dS, dVn; fb = w.flow + 1 + NTu HV (k_bwd_flow's words); nz: V tiles a head */
+typedef void (*bwd_flow_fn)(kp, const void *, ws, const float *, float *, int, int, int, int *);
+bwd_flow_fn k_bwd_flow_pick(int kv);
 #endif

@@ -42,7 +42,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   };
   w->ctab = (int *)take(NTu * 4 * 4);
   w->sfirst = (int *)take((n_seq(a) + 1) * 4);
-  w->flow = (int *)take((1 + NTu * a->HV) * 4);
+  w->flow = (int *)take((3 + 2 * NTu * a->HV) * 4);   /* the flow kernels' (kda_common.cuh) */
   w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4);
   w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4);
   w->Aqk = (float *)take(TH * C * 4), w->M = (float *)take(TH * C * 4);
@@ -79,7 +79,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
  * run beside it and read none of it (it was a kernel of its own, k_chunks, one more launch
  * ahead of k_intra on every forward). */
 static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst, int *flow) {
-  for (int64_t i = threadIdx.x; i <= NTu * p.HV; i += blockDim.x) flow[i] = 0;   /* k_fwd_flow's */
+  for (int64_t i = threadIdx.x; i < 3 + 2 * NTu * p.HV; i += blockDim.x) flow[i] = 0;   /* the flow kernels' */
   if (!p.cu) {
     int64_t nc = (p.T + p.C - 1) / p.C;
     for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
@@ -434,6 +434,7 @@ static void preload_kernels(int kv) {
   for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
   ld((const void *)k_state_bwd_tc_db_pick(kv));
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
+  ld((const void *)k_bwd_flow_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
@@ -512,15 +513,22 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
   int nsm = sm_count();
   return nsm && (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
 }
-/* the forward's flow kernel (k_fwd_flow) where the state pass's second-tile-set grid holds at
- * most half the SMs (its blocks wait; the intra blocks need the SMs they do not hold) and
- * KDA_KDA_THREADS sets neither kernel's size (the flow runs both at NTC); KDA_KDA_FLOW=0 turns
- * it off (read per call: test_kda_cuda compares the two) */
-static int use_flow(const kda_kda_args *a) {
+/* The flow kernels (k_fwd_flow: intra + the forward state pass; k_bwd_flow: the kept reverse
+ * sweep + the rows kernel), where a state pass's second-tile-set grid holds at most half the
+ * SMs and the chunk kernel's grid is at least four waves of one block an SM: the state pass
+ * then runs beside the chunk blocks instead of before or after them all. Where the chunk grid
+ * is one wave the SMs the state blocks hold cost a second wave: measured on the H200 (one run
+ * against the two kernels), fwd+bwd (8,512,4,64) 0.167 -> 0.182 ms with the forward's flow,
+ * while (1,8192,16,128) gained 2.71 -> 2.59 (fwd 0.906 -> 0.852). KDA_KDA_THREADS must leave
+ * both kernels at NTC (the flow runs both at NTC); KDA_KDA_FLOW=0 turns it off, =1 on wherever
+ * the state grid allows it (read per call: test_kda_cuda compares the two on every case). */
+static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char *state_kernel) {
   const char *e = getenv("KDA_KDA_FLOW");
   if (e && strcmp(e, "0") == 0) return 0;
-  if (chunk_threads(a, "intra", NTC) != NTC || chunk_threads(a, "state_fwd", NTC) != NTC) return 0;
-  return 2 * (int64_t)state_grid(a).x <= sm_count();
+  if (chunk_threads(a, chunk_kernel, NTC) != NTC || chunk_threads(a, state_kernel, NTC) != NTC) return 0;
+  int64_t nsm = sm_count();
+  if (2 * (int64_t)state_grid(a).x > nsm) return 0;
+  return (e && strcmp(e, "1") == 0) || n_chunks_max(a) * a->HV >= 4 * nsm;
 }
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
@@ -636,7 +644,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * (1,8192,16,128) 1.295 -> 1.228 ms, fwd+bwd 3.813 -> 3.665; (8,512,4,64) fwd 0.088 -> 0.084,
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
-    if (use_state_db(a, smd) && use_flow(a)) {
+    if (use_state_db(a, smd) && use_flow(a, "intra", "state_fwd")) {
       /* intra and the state pass as one grid (k_fwd_flow in kda_tc.cu: the state blocks follow
        * the intra blocks chunk by chunk instead of starting after the last); the flags it
        * waits on are zeroed by front's chunk-table block */
@@ -698,7 +706,36 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
-    if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
+    /* the rows kernel's layout. sep: dS in a tile of its own when it fits (dgn from shared
+     * memory, one staging wait less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per
+     * call: the test runs both) */
+    size_t smr = smem_rows_tc_sep(a->chunk, a->K, a->V);
+    const char *rs = getenv("KDA_KDA_ROWS_SEP");
+    int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
+    if (!sep) smr = smem_rows_tc(a->chunk, a->K, a->V);
+    /* the fast variant's Vn in a tile of its own (staged with the first copies, not after dW)
+     * where two blocks an SM still fit: the small heads; KDA_KDA_ROWS_VN=0 off */
+    const char *rv = getenv("KDA_KDA_ROWS_VN");
+    size_t vnb = smem_rows_tc_vn(a->chunk, a->V);
+    int vnx = !prec && 2 * (smr + vnb) <= smem_per_sm() && !(rv && strcmp(rv, "0") == 0);
+    if (vnx) smr += vnb;
+    /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
+     * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
+     * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
+     * block an SM by its tiles, 256 threads lost 2.3%. The K = V = 64 instantiation (kv_spec)
+     * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
+     * (8,512,4,64) 0.218 -> 0.214 */
+    int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
+    int flow = !prec && kept && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
+    if (flow) {                                    /* the reverse sweep and rows as one grid */
+      int ns = (int)state_grid(a).x, nz = (int)((a->V + BVT - 1) / BVT);
+      size_t smf = smr > smd ? smr : smd;
+      auto kf = k_bwd_flow_pick(kv);
+      if (smem_opt_in((const void *)kf, smf, a, op, "k_bwd_flow")) return -1;
+      unsigned nb = (unsigned)(ns + NTu * a->HV);
+      kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, sep | vnx << 1, ns, nz, w.flow + 1 + NTu * a->HV);
+      LAUNCH_OK("k_bwd_flow", "kda_kda_cuda_backward");
+    } else if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
       auto kdb = k_state_bwd_tc_db_pick(kv);
       if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
       kdb<<<state_grid(a), chunk_threads(a, "state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
@@ -720,30 +757,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       if (prec && !kv && nsm && (int64_t)state_grid(a).x > nsm && 2 * sm <= smem_per_sm()) sbt = 256;
       kst<<<state_grid(a), chunk_threads(a, "state_bwd", sbt), sm, st>>>(p, w, h0, dout, dht, dh0, kept);
     }
-    LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-    /* sep: dS in a tile of its own when it fits (dgn from shared memory, one staging wait
-     * less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per call: the test runs both) */
-    size_t smr = smem_rows_tc_sep(a->chunk, a->K, a->V);
-    const char *rs = getenv("KDA_KDA_ROWS_SEP");
-    int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
-    sm = sep ? smr : smem_rows_tc(a->chunk, a->K, a->V);
-    /* the fast variant's Vn in a tile of its own (staged with the first copies, not after dW)
-     * where two blocks an SM still fit: the small heads; KDA_KDA_ROWS_VN=0 off */
-    const char *rv = getenv("KDA_KDA_ROWS_VN");
-    size_t vnb = smem_rows_tc_vn(a->chunk, a->V);
-    int vnx = !prec && 2 * (sm + vnb) <= smem_per_sm() && !(rv && strcmp(rv, "0") == 0);
-    if (vnx) sm += vnb;
-    auto krw = k_bwd_rows_tc_pick(prec, kv);
-    if (smem_opt_in((const void *)krw, sm, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-    /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
-     * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
-     * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
-     * block an SM by its tiles, 256 threads lost 2.3%. The K = V = 64 instantiation (kv_spec)
-     * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
-     * (8,512,4,64) 0.218 -> 0.214 */
-    int rt = chunk_threads(a, "rows", !prec && !kv && 2 * sm <= smem_per_sm() ? 256 : NTC);
-    krw<<<gc, rt, sm, st>>>(p, dout, w, sep | vnx << 1);
-    LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+    if (!flow) {
+      LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
+      auto krw = k_bwd_rows_tc_pick(prec, kv);
+      if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
+      krw<<<gc, rt, smr, st>>>(p, dout, w, sep | vnx << 1);
+      LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+    }
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
     int mcm = use_compact(sm, smc);

@@ -5,6 +5,7 @@
  * terms, dG, the gate and beta chains), each with its precise twin from the same template.
  * Shared with kda_tc.cu (intra and state passes): kda_tc.cuh. */
 #include "kda_tc.cuh"
+#include "kda_state.cuh"
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
@@ -102,14 +103,14 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
   }
 }
 template <bool PR, int KV>
-static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
+static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  const int *ct = w.ctab + 4 * cb;
   int n = ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
   float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
   sbf *dO = (sbf *)(Gs + C * GS);
@@ -193,11 +194,63 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
 }
 template <bool PR, int KV>
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
-  bwd_rows_tc<PR, KV>(p, dout, w, sep);
+  bwd_rows_tc<PR, KV>(p, dout, w, sep, blockIdx.x, blockIdx.y);
 }
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
   static const rows_tc_fn t[2][3] = {KV_SLOTS(k_bwd_rows_tc, false), KV_SLOTS(k_bwd_rows_tc, true)};
   return t[pr][kv_slot(kv)];
+}
+
+/* ---- the kept fast reverse sweep with two tile sets, alone and with the rows kernel -------- */
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K) {
+  int64_t KB = r16(K) + 8, CB = C + 8, DB = BVT + 8;
+  return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
+}
+template <int KV>
+__global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
+                                                           float *dh0) {
+  state_bwd_db<KV>(p, w, dout, dht, dh0, blockIdx.x, nullptr);
+}
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv) {
+  static const state_bwd_db_fn t[3] = KV_SLOTS1(k_state_bwd_tc_db);
+  return t[kv_slot(kv)];
+}
+/* The backward's flow kernel: k_state_bwd_tc_db and the fast k_bwd_rows_tc as one grid, as
+ * k_fwd_flow does for the forward (kda_tc.cu: roles by start order, so every block a waiting
+ * block waits for is resident; here the state blocks produce and never wait). Each of a head's
+ * nz state blocks adds one to a chunk's flag once its dS and dVn columns are written; the rows
+ * block of that (chunk, head) starts once the flag reaches nz, and resets it. The rows blocks
+ * take the chunks from the last position down (the reverse sweep's order) when the sequences
+ * have one length. The last block to finish resets the ticket and the count, so a kept
+ * forward's backward can run again. The same arithmetic as the two kernels: bit-identical
+ * (test_kda_cuda). */
+template <int KV>
+__global__ void __launch_bounds__(NTC, 1) k_bwd_flow(kp p, const void *dout, ws w, const float *dht, float *dh0,
+                                                    int sep, int ns, int nz, int *fb) {
+  __shared__ int role;
+  if (!threadIdx.x) role = atomicAdd(fb, 1);
+  __syncthreads();
+  const int r = role;
+  if (r < ns) {
+    state_bwd_db<KV>(p, w, dout, dht, dh0, r, fb + 2);
+  } else {
+    int64_t x = r - ns, HV = p.HV, h = x % HV, q = x / HV, nc = (p.T + p.C - 1) / p.C;
+    /* packed sequences: the chunk slots from the last down; else position nc - 1 - q / B of
+     * sequence q % B */
+    int64_t cb = p.cu ? (gridDim.x - ns) / HV - 1 - q : (q % p.B) * nc + nc - 1 - q / p.B;
+    if (!threadIdx.x) {
+      int *f = fb + 2 + cb * HV + h;
+      if (w.ctab[4 * cb + 2]) flow_wait_for(f, nz);
+      *f = 0;
+    }
+    __syncthreads();
+    bwd_rows_tc<false, KV>(p, dout, w, sep, (int)cb, h);
+  }
+  if (!threadIdx.x && atomicAdd(fb + 1, 1) == (int)gridDim.x - 1) fb[0] = 0, fb[1] = 0;
+}
+bwd_flow_fn k_bwd_flow_pick(int kv) {
+  static const bwd_flow_fn t[3] = KV_SLOTS1(k_bwd_flow);
+  return t[kv_slot(kv)];
 }
 
 /* dA, dM, dL = -StrictTril(M^T StrictTril(dM) M^T), dv, dKb, WY part of dbeta.

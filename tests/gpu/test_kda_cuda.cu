@@ -315,22 +315,32 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       std::string nm = std::string(name) + ": kept precise forward";
       verdict(nm.c_str(), {{"o", &o, &o3, 0.005, 0}, {"ht", &ht, &ht3, 0.005, 0}});
     }
-    /* the forward's flow kernel (intra and the state pass as one grid, where the state grid is
-     * small; the default) against its two kernels (KDA_KDA_FLOW=0): the same bytes */
+    /* the flow kernels (kda_cuda.cu use_flow: intra + the forward state pass, the kept reverse
+     * sweep + the rows kernel, each as one grid), forced wherever they may run
+     * (KDA_KDA_FLOW=1; by default only where the chunk grid is many waves), against the
+     * separate kernels (KDA_KDA_FLOW=0): a kept forward and its backward, the same bytes */
     const char *sd = getenv("KDA_KDA_STATE_DB");
-    if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0"))) {
-      setenv("KDA_KDA_FLOW", "0", 1);
-      rc = kda_kda_cuda_forward(&a, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
-      unsetenv("KDA_KDA_FLOW");
-      CK(cudaDeviceSynchronize());
-      same = !rc;
-      for (size_t i = 0; i < 2 && same; i++) {
-        std::vector<char> b(outs[i].second);
-        CK(cudaMemcpy(b.data(), outs[i].first, outs[i].second, cudaMemcpyDeviceToHost));
-        same = !memcmp(b.data(), ref[i].data(), b.size());
+    if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && !rc) {
+      std::vector<std::vector<char>> got[2];
+      for (int fl = 1; fl >= 0 && !rc; fl--) {
+        setenv("KDA_KDA_FLOW", fl ? "1" : "0", 1);
+        CK(cudaMemset(wsd, 0x7f, wsb));
+        rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
+        for (int rep = 0; rep < 1 + fl && !rc; rep++) {   /* twice with flow: its words reset */
+          CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
+          rc = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd,
+                                     dbd, dAd, ddtd, dh0d, wsd, wsb, nullptr);
+        }
+        CK(cudaDeviceSynchronize());
+        for (auto &x : outs) {
+          got[fl].emplace_back(x.second);
+          CK(cudaMemcpy(got[fl].back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
+        }
       }
-      if (same) printf("ok - %s: forward as one grid (flow) = two kernels (KDA_KDA_FLOW=0), bit for bit\n", name), npass++;
-      else printf("FAIL - %s: flow forward differs from two kernels%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      unsetenv("KDA_KDA_FLOW");
+      same = !rc && got[0] == got[1];
+      if (same) printf("ok - %s: flow kernels (KDA_KDA_FLOW=1, backward twice) = separate kernels, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: flow kernels differ from separate kernels%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};

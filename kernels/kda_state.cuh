@@ -1,0 +1,320 @@
+/* kda_state.cuh — the version-2 state passes' shared-memory tiles, staging and product steps
+ * (st_*), and the bodies of the two-tile-set sweeps (state_fwd_db, state_bwd_db) with the flow
+ * handshake (flow_wait, flow_signal): kda_tc.cu runs them as the state-pass kernels and as the
+ * forward's flow kernel (with k_intra_tc), kda_tc_bwd.cu as the backward's (with
+ * k_bwd_rows_tc). Included after kda_tc.cuh; static device code only (each kernel is defined in
+ * one file). */
+#ifndef KDA_STATE_CUH
+#define KDA_STATE_CUH
+#include "kda_tc.cuh"
+
+template <class T> struct st_tiles {
+  T *W, *qg, *kg, *A;
+  sbf *dO;
+  float *S, *Vn, *dV, *en;
+  sbf *Sb, *Vb;   /* bf16 layout only: shadows of S and of Vn (forward sweeps) / -dVn (reverse) */
+  int KB, CB, SB, DB, K16;
+};
+/* The bf16 layout (the fast passes, ldmatrix operands) keeps bf16 shadows of the fp32 S and
+ * Vn written by the epilogues that form them (the same RN rounding the MMA operands had), and
+ * no fp32 dVn: [W qg kg][C][KB], A [C][CB], Sb [K16][DB], Vb [C][DB], dO [C][DB] (bf16),
+ * S [K16][SB], Vn [C][SB], en [K16] (fp32). The fp32 layout (the precise backward) as before. */
+template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm, bool dO = true) {
+  st_tiles<T> t;
+  t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
+  t.DB = BVT + 8;
+  T *b = (T *)sm;
+  t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
+  if constexpr (std::is_same<T, sbf>::value) {
+    t.Sb = t.A + p.C * t.CB, t.Vb = t.Sb + t.K16 * t.DB, t.dO = dO ? t.Vb + p.C * t.DB : nullptr;
+    t.S = (float *)(t.Vb + (dO ? 2 : 1) * p.C * t.DB);
+    t.Vn = t.S + t.K16 * t.SB;
+    t.dV = nullptr;
+    t.en = t.Vn + p.C * t.SB;
+  } else {
+    t.Sb = t.Vb = nullptr;
+    t.S = (float *)(t.A + p.C * t.CB);
+    t.Vn = t.S + t.K16 * t.SB;
+    t.dO = (sbf *)(t.Vn + p.C * t.SB);
+    t.dV = (float *)(t.dO + p.C * t.DB);
+    t.en = t.dV + p.C * t.SB;
+  }
+  return t;
+}
+/* the global copies the state passes stage: bf16 (k_intra_tc) or fp32 (k_intra_tc_p) */
+template <class T> struct st_src;
+template <> struct st_src<sbf> {
+  static __device__ __forceinline__ const sbf *W(const ws &w) { return w.Wb; }
+  static __device__ __forceinline__ const sbf *qg(const ws &w) { return w.qgb; }
+  static __device__ __forceinline__ const sbf *kg(const ws &w) { return w.kgb; }
+  static __device__ __forceinline__ const sbf *A(const ws &w) { return w.Ab; }
+};
+template <> struct st_src<float> {
+  static __device__ __forceinline__ const float *W(const ws &w) { return w.W; }
+  static __device__ __forceinline__ const float *qg(const ws &w) { return w.qg; }
+  static __device__ __forceinline__ const float *kg(const ws &w) { return w.kg; }
+  static __device__ __forceinline__ const float *A(const ws &w) { return w.Aqk; }
+};
+enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_DO = 64 };
+/* Stage the parts asked for of chunk rows [t0, t0+m): asynchronous copies (zero past m, past
+ * K, past V) of the tiles k_intra_tc wrote (W, s qg, kg, Aqk: bf16, the same rounding as the
+ * fp32 -> bf16 conversion this function used to do; fp32 for the precise backward), U (fp32)
+ * into t.Vn (st_vn_tc subtracts W S in place), dO (bf16) into t.dO. The caller commits the
+ * copies as a cp.async group and waits for it (then __syncthreads) before reading. Each sweep
+ * stages only what it reads, each part a product or more ahead of its use (the sweeps' own
+ * comments say which); e^{G_last} goes through registers (st_glast_load / st_en_store). */
+template <class T>
+static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
+                                int64_t h, int64_t c0, const void *dout, int parts) {
+  int64_t HV = p.HV, V = p.V, r0 = t0 * HV + h;  /* r0: the global row of chunk row 0 */
+  constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
+  int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
+  /* chunk row i of a [T, HV, n] tensor is i HV n elements past row 0: per-element offsets in
+   * 32 bits from row pointers formed once (64-bit index products per element were most of
+   * these passes' integer work: ncu, 28% of k_state_fwd_tc_db's instructions IMAD) */
+  const int HVK = (int)HV * K16, HVC = (int)HV * C, HVV = (int)(HV * V);
+  if (parts & (SG_W | SG_QG | SG_KG)) {
+    const T *Wg = st_src<T>::W(w) + r0 * K16, *Qg = st_src<T>::qg(w) + r0 * K16, *Kg = st_src<T>::kg(w) + r0 * K16;
+    for (int e = threadIdx.x; e < C * kc; e += BT) {
+      int i = e / kc, d = (e % kc) << LE;
+      bool ok = i < m;
+      int gi = (ok ? i : 0) * HVK + d;
+      if (parts & SG_W) cp_async16(t.W + i * t.KB + d, Wg + gi, ok);
+      if (parts & SG_QG) cp_async16(t.qg + i * t.KB + d, Qg + gi, ok);
+      if (parts & SG_KG) cp_async16(t.kg + i * t.KB + d, Kg + gi, ok);
+    }
+  }
+  if (parts & SG_A) {
+    const T *Ag = st_src<T>::A(w) + r0 * C;
+    for (int e = threadIdx.x; e < C * cc; e += BT) {
+      int i = e / cc, j = (e % cc) << LE;
+      bool ok = i < m;
+      cp_async16(t.A + i * t.CB + j, Ag + (ok ? i : 0) * HVC + j, ok);
+    }
+  }
+  if (parts & SG_U) {
+    const float *Ug = w.U + r0 * V + c0;
+    cp_tile_f32(t.Vn, t.SB, C, BVT, m, (int)(V - c0 < BVT ? V - c0 : BVT), V % 4 == 0,
+                [&](int i) { return Ug + i * HVV; });
+  }
+  if (parts & SG_DO) {
+    const bf16 *g = (const bf16 *)dout + r0 * V + c0;
+    if (V % 8 == 0 && al16(dout)) {
+      for (int e = threadIdx.x; e < C * (BVT / 8); e += BT) {
+        int i = e / (BVT / 8), c = (e % (BVT / 8)) << 3;
+        bool ok = i < m && c0 + c < V;
+        cp_async16(t.dO + i * t.DB + c, g + (ok ? i * HVV + c : 0), ok);
+      }
+    } else
+      for (int e = threadIdx.x; e < C * BVT; e += BT) {
+        int i = e / BVT, c = e % BVT;
+        t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[i * HVV + c] : __float2bfloat16(0.f);
+      }
+  }
+}
+template <class T>
+static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
+  for (int e = threadIdx.x; e < t.K16 * BVT; e += BT) {
+    int d = e / BVT, c = e % BVT;
+    float x = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
+    t.S[d * t.SB + c] = x;
+    if (t.Sb) t.Sb[d * t.DB + c] = __float2bfloat16(x);
+  }
+}
+/* dst <- S (rows d < K, columns c0 + c < V); 16-byte stores when V % 4 == 0 (every row start
+ * is then 16-byte aligned, and a group of 4 columns is all in or all out) */
+template <class T>
+static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
+  if (p.V % 4 == 0) {
+    for (int e = threadIdx.x; e < p.K * (BVT / 4); e += BT) {
+      int d = e / (BVT / 4), c = (e % (BVT / 4)) * 4;
+      if (c0 + c < p.V) *(float4 *)(dst + base + d * p.V + c0 + c) = *(const float4 *)(t.S + d * t.SB + c);
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
+    int d = e / BVT, c = e % BVT;
+    if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
+  }
+}
+/* S <- e^{G_last} S + x for two adjacent epilogue outputs (columns c, c + 1: pairs2), and the
+ * bf16 shadow, each pair in one load and one store (SB, DB and c are even) */
+template <class T>
+static __device__ __forceinline__ void st_s_upd2(const st_tiles<T> &t, int r, int c, float x0, float x1) {
+  float2 s = *(const float2 *)(t.S + r * t.SB + c);
+  float e = t.en[r], v0 = e * s.x + x0, v1 = e * s.y + x1;
+  *(float2 *)(t.S + r * t.SB + c) = make_float2(v0, v1);
+  *(__nv_bfloat162 *)(t.Sb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
+}
+/* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
+ * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand). */
+template <int P, class T>
+static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
+                                int64_t c0, float *vn) {
+  if constexpr (std::is_same<T, sbf>::value) {
+    float *vn0 = vn ? vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
+    const int HVV = (int)(p.HV * p.V);
+    mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
+            pairs2([&](int r, int c, float x0, float x1) {
+              float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
+              float v0 = u.x - x0, v1 = u.y - x1;
+              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
+              if (vn0 && r < m && c0 + c < p.V) st2f(vn0 + r * HVV + c, v0, v1, c0 + c + 1 < p.V);
+            }));
+    return;
+  }
+  mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
+             [&](int d, int c) { return t.S[d * t.SB + c]; },
+             [&](int i, int c, float x) {
+               float u = t.Vn[i * t.SB + c] - x;
+               t.Vn[i * t.SB + c] = u;
+               if (vn && i < m && c0 + c < p.V) vn[((t0 + i) * p.HV + h) * p.V + c0 + c] = u;
+             });
+}
+/* S <- e^{G_last} S + kg^T Vn */
+template <int P, class T>
+static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
+  if constexpr (std::is_same<T, sbf>::value) {
+    mma_ldm(t.K16, BVT, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
+            pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
+    return;
+  }
+  mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
+             [&](int i, int c) { return t.Vn[i * t.SB + c]; },
+             [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
+}
+
+/* A state pass's block: (sequence n, value head h, V columns c0 .. c0 + BVT) from a 1-D grid of
+ * n_seq * HV * ceil(V / BVT) blocks (state_grid), the V tiles of one (n, h) adjacent, so the
+ * blocks that read the same chunk tiles (W, qg, kg, Aqk: every V tile of a head reads them all)
+ * are resident together and can share them through L2. It was a (n, h, V tile) grid, the V
+ * tile slowest (at (8,2048,16,128) the first of two waves held V tiles 0-1 of every head, the
+ * second 2-3). H200, one run: fwd+bwd 5.95 -> 5.92 ms from the grid alone, small as it is. */
+struct st_blk {
+  int64_t h, c0, sbase;   /* value head, first V column, offset of (n, h)'s K x V state */
+  int cf, cl;             /* the sequence's chunks [cf, cl) */
+};
+static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w, int64_t b = blockIdx.x) {
+  int64_t nz = (p.V + BVT - 1) / BVT, nh = b / nz, n = nh / p.HV;
+  st_blk s;
+  s.c0 = (b % nz) * BVT, s.h = nh % p.HV, s.sbase = nh * p.K * p.V;
+  s.cf = w.sfirst[n], s.cl = w.sfirst[n + 1];
+  return s;
+}
+
+/* e^{G_last} of a chunk for the update, loaded into registers early and stored into t.en late
+ * (after the products that do not read it), so its global latency hides behind them: columns
+ * tid and tid + BT (K16 <= 2 BT: K <= 512 in the forward pass's 256 threads, 1024 in the
+ * others'); a plain loop covers the rest */
+struct st_glast {
+  float v[2];
+  const float *row;
+};
+static __device__ __forceinline__ st_glast st_glast_load(const kp &p, const ws &w, int64_t t0, int m, int64_t h) {
+  st_glast g;
+  g.row = w.G + ((t0 + m - 1) * p.HV + h) * p.K;
+#pragma unroll
+  for (int u = 0; u < 2; u++) g.v[u] = threadIdx.x + u * BT < p.K ? __ldcg(g.row + threadIdx.x + u * BT) : 0.f;
+  return g;
+}
+template <class T>
+static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T> &t, const st_glast &g) {
+#pragma unroll
+  for (int u = 0; u < 2; u++) {
+    int d = threadIdx.x + u * BT;
+    if (d < t.K16) t.en[d] = d < p.K ? kexp(g.v[u]) : 0.f;
+  }
+  for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? kexp(__ldcg(g.row + d)) : 0.f;
+}
+
+
+/* The _db passes' second tile set, after the whole single-set layout t: W, s qg, kg, Aqk,
+ * then the fp32 U / Vn tile (fwd, the forward pass) or dO (the reverse sweep) */
+static __device__ __forceinline__ st_tiles<sbf> st_carve_db(const kp &p, const st_tiles<sbf> &t, bool fwd) {
+  st_tiles<sbf> s = t;
+  s.W = (sbf *)(t.en + t.K16), s.qg = s.W + p.C * t.KB, s.kg = s.qg + p.C * t.KB, s.A = s.kg + p.C * t.KB;
+  if (fwd) s.Vn = (float *)(s.A + p.C * t.CB);
+  else s.dO = s.A + p.C * t.CB;
+  return s;
+}
+
+
+/* the flow kernels' handshake (k_fwd_flow, k_bwd_flow): a producer block, after a
+ * __syncthreads that follows its stores of a chunk, adds one to the chunk's flag (thread 0:
+ * fence, then the add: every thread's stores are visible before the flag moves); a consumer's
+ * thread 0 waits (acquire) until the flag reaches `want`, and the caller's __syncthreads then
+ * holds the block. f NULL (the plain kernels): nothing. */
+static __device__ __forceinline__ void flow_signal(int *f, int ci, int64_t h, int64_t HV) {
+  if (!f || threadIdx.x) return;
+  __threadfence();
+  atomicAdd(f + ci * HV + h, 1);
+}
+static __device__ __forceinline__ void flow_wait_for(const int *f, int want) {
+  for (;;) {
+    int x;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(f) : "memory");
+    if (x >= want) return;
+    __nanosleep(100);
+  }
+}
+/* the forward flow's wait: chunk ci's flag in k_fwd_flow's set (w.flow + 1) */
+static __device__ __forceinline__ void flow_wait(const ws &w, int ci, int64_t h, int64_t HV, bool flow) {
+  if (flow && !threadIdx.x) flow_wait_for(w.flow + 1 + ci * HV + h, 1);
+}
+
+/* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
+ * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
+ * chunk ci - 1's whole set is staged at the top of step ci. Same products in the same order as
+ * k_state_bwd_tc's reverse sweep. With k_state_fwd_tc_db, fwd+bwd on the H200 (against
+ * KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 3.813 -> 3.665 ms, (8,512,4,64) 0.260 -> 0.253. */
+template <int KV>
+static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout, const float *dht, float *dh0,
+                                                    int64_t blk, int *fb) {
+  extern __shared__ __align__(16) float sm[];
+  kv_fix<KV, 0>(p);
+  const st_blk b = st_block(p, w, blk);
+  const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
+  const int cf = b.cf, cl = b.cl;
+  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, false);
+  PH_INIT(2);
+  st_ld(p, dht, b.sbase, c0, t0s);                 /* t.S now holds dS (§4.2) */
+  constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
+  if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, dout, ALL);
+  cp_async_commit();
+  auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
+    int64_t t0 = w.ctab[4 * ci + 1];
+    float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
+    int m = w.ctab[4 * ci + 2];
+    __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
+    st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+    cp_async_commit();
+    if (ci + 1 < cl) flow_signal(fb, ci + 1, h, HV);   /* chunk ci + 1's dS, dVn are written */
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci - 1's may fly) */
+    __syncthreads();
+    PH(3);
+    /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
+    mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+            pairs2([&](int r, int c, float x0, float x1) {
+              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
+              if (r < m && c0 + c < V) st2f(dvn0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
+            }));
+    st_en_store(p, t, gl);
+    __syncthreads();                               /* dVn done with Sb before the update writes it */
+    PH(4);
+    /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
+    mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
+            pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
+    PH(5);
+  };
+  for (int ci = cl - 1; ci >= cf; ci -= 2) {
+    step(t0s, t1s, ci);
+    if (ci - 1 >= cf) step(t1s, t0s, ci - 1);
+  }
+  __syncthreads();
+  if (cf < cl) flow_signal(fb, cf, h, HV);
+  if (dh0) st_st(p, dh0, b.sbase, c0, t0s);
+}
+#endif
