@@ -517,9 +517,10 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
  * sweep + the rows kernel), where a state pass's second-tile-set grid holds at most half the
  * SMs and the chunk kernel's grid is at least four waves of one block an SM: the state pass
  * then runs beside the chunk blocks instead of before or after them all. Where the chunk grid
- * is one wave the SMs the state blocks hold cost a second wave: measured on the H200 (one run
- * against the two kernels), fwd+bwd (8,512,4,64) 0.167 -> 0.182 ms with the forward's flow,
- * while (1,8192,16,128) gained 2.71 -> 2.59 (fwd 0.906 -> 0.852). KDA_KDA_THREADS must leave
+ * is one wave the SMs the state blocks hold cost a second wave. Measured on the H200 (one run
+ * against the separate kernels): fwd+bwd (1,8192,16,128) 2.71 -> 2.44 ms (the forward's flow
+ * alone 2.59; fwd 0.906 -> 0.852), while forced at (8,512,4,64) 0.167 -> 0.182 in a graph.
+ * The other bench shapes' state grids are too large for it. KDA_KDA_THREADS must leave
  * both kernels at NTC (the flow runs both at NTC); KDA_KDA_FLOW=0 turns it off, =1 on wherever
  * the state grid allows it (read per call: test_kda_cuda compares the two on every case). */
 static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char *state_kernel) {

@@ -9,7 +9,9 @@
  * Part 2 runs the CUDA backend's op glue (kernels/kda_ops.cu: kc_kda_node) on exec nodes for
  * KDA, KDA_BWD, CONV1D, CONV1D_BWD against the CPU backend's kda_cpu_kda_node, with f32 and
  * bf16 storage (and an f32 packed gradient output, as the plan makes it), plus run-to-run
- * bit-identity of the backward (no float atomics). Every KDA case runs four times: the
+ * bit-identity of the backward (no float atomics); on the tensor-core path every case's kept
+ * forward and backward also run with the flow kernels forced (KDA_KDA_FLOW=1) and off, bit for
+ * bit the same. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
