@@ -62,18 +62,28 @@ __global__ void k_ko_widen8(const uint4 *src, float4 *dst, int64_t n8) {
     dst[2 * i + 1] = make_float4(f2.x, f2.y, f3.x, f3.y);
   }
 }
+/* f32 -> bf16 the same way (an f32 graph input or gradient into the kernels' bf16) */
+__global__ void k_ko_narrow8(const float4 *src, uint4 *dst, int64_t n8) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float4 a = src[2 * i], b = src[2 * i + 1];
+    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                           __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    dst[i] = *(const uint4 *)h;
+  }
+}
 static int ko_cast(const kda_exec_node *n, kc_ctx *c, const void *src, int sdt, void *dst,
                    int ddt, int64_t cnt) {
   if (cnt <= 0) return 0;
-  if (sdt == KDA_BF16 && ddt == KDA_F32 && ((uintptr_t)src | (uintptr_t)dst) % 16 == 0) {
+  bool wide = sdt == KDA_BF16 && ddt == KDA_F32, narrow = sdt == KDA_F32 && ddt == KDA_BF16;
+  if ((wide || narrow) && ((uintptr_t)src | (uintptr_t)dst) % 16 == 0) {
     int64_t n8 = cnt / 8, done = n8 * 8;
-    if (n8) {
-      k_ko_widen8<<<kc_blocks(n8, 256, (int64_t)c->num_sms * 8), 256, 0, c->stream>>>(
-          (const uint4 *)src, (float4 *)dst, n8);
-      KO_LAUNCH(n, "k_ko_widen8");
-    }
+    unsigned nb = kc_blocks(n8, 256, (int64_t)c->num_sms * 8);
+    if (n8 && wide) k_ko_widen8<<<nb, 256, 0, c->stream>>>((const uint4 *)src, (float4 *)dst, n8);
+    if (n8 && narrow) k_ko_narrow8<<<nb, 256, 0, c->stream>>>((const float4 *)src, (uint4 *)dst, n8);
+    if (n8) KO_LAUNCH(n, "k_ko_widen8 / k_ko_narrow8");
     if (done == cnt) return 0;   /* the tail (< 8 elements) element-wise */
-    src = (const char *)src + done * 2, dst = (char *)dst + done * 4, cnt -= done;
+    src = (const char *)src + done * (wide ? 2 : 4), dst = (char *)dst + done * (wide ? 4 : 2), cnt -= done;
   }
   k_ko_cast<<<kc_blocks(cnt, 256, (int64_t)c->num_sms * 8), 256, 0, c->stream>>>(src, sdt, dst, ddt, cnt);
   KO_LAUNCH(n, "k_ko_cast");

@@ -533,6 +533,7 @@ static void node_tests() {
   run_node_kda("node KDA pre-gated bf16, K=V=64", pre, KDA_BF16, KDA_F32);
   spec odd = {1, 151, 1, 1, 64, 64, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}};   /* 151 dbeta: a tail */
   run_node_kda("node KDA f32 packed grad, 151 tokens (the widening's 8-element groups and tail)", odd, KDA_BF16, KDA_F32);
+  run_node_kda("node KDA f32 storage, 151 tokens (the narrowing's groups and tail)", odd, KDA_F32, KDA_F32);
   spec big = {1, 200, 2, 2, 128, 128, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}};
   run_node_kda("node KDA K=V=128 layer flags", big, KDA_BF16, KDA_F32);
   run_node_kda("node KDA bf16 storage, f32 packed grad, layer flags GVA, precise_gate", lay, KDA_BF16, KDA_F32, 1);
