@@ -271,7 +271,7 @@ template <int KV>
 static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout, const float *dht, float *dh0,
                                                     int64_t blk, int *fb) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV, 0>(p);
+  kv_fix<KV, KV == 64 ? NTC : 0>(p);   /* K = 128: 128 registers and spills when fixed */
   const st_blk b = st_block(p, w, blk);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */

@@ -404,7 +404,7 @@ size_t smem_state_tc(int64_t C, int64_t K, int prec) {
 template <int KV>
 __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV, 0>(p);
+  kv_fix<KV, NT>(p);
   const st_blk b = st_block(p, w);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
@@ -466,7 +466,7 @@ template <int KV>
 static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0, void *o, float *ht, int64_t blk,
                                                     bool flow) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV, 0>(p);
+  kv_fix<KV, NTC>(p);
   const st_blk b = st_block(p, w, blk);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
