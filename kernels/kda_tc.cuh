@@ -33,8 +33,12 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
  * blockDim): fixed too, so the block-strided loops and the warp-tile loops (BT, blockDim / 32)
  * have known counts; a launch with another size traps rather than run wrong. The chunk kernels
  * fix it (H200, one run against KV alone: fwd+bwd (8,2048,16,128) 5.11 -> 5.10 ms, precise
- * 9.60 -> 9.53, k_bwd_final_tc 83.8k -> 82.5k cycles a block); the state passes keep NB = 0:
- * fixed, their registers rose (k_state_bwd_tc 64 -> 100, one block an SM) and fwd+bwd lost 3% */
+ * 9.60 -> 9.53, k_bwd_final_tc 83.8k -> 82.5k cycles a block). The state passes: fixed,
+ * k_state_bwd_tc's registers rose 64 -> 100 (one block an SM) and fwd+bwd lost 3%, so it keeps
+ * NB = 0, as does the K = 128 two-tile-set reverse sweep (128 registers and spills); the forward
+ * passes and the K = 64 reverse sweep fix it (loops of known count: ncu counted ~450 warp
+ * instructions a step for 16 HMMA in k_state_fwd_tc_db): H200, one run, fwd+bwd (1,8192,16,128)
+ * 2.44 -> 2.41 ms, (8,512,4,64) 0.167 -> 0.165 in a graph, the rest within noise */
 template <int KV, int NB> static __device__ __forceinline__ void kv_fix(kp &p) {
   if constexpr (KV > 0) {
     p.K = p.V = KV, p.C = 64;
