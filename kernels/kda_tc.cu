@@ -2,9 +2,11 @@
  * (mma.sync) for every GEMM-shaped step of k_intra_tc (the intra-chunk matrices) and of the
  * state passes (k_state_fwd_tc, k_state_bwd_tc: sequential over chunks, forward and backward),
  * with their precise twins from the same templates (so a fix lands in both), the cumsum and
- * triangular-inverse helpers, and the phase timers' report (profiling builds). The
- * chunk-parallel backward kernels are in kda_tc_bwd.cu; what both share, with this version's
- * design notes, in kda_tc.cuh. Launched by kernels/kda_cuda.cu (the host side, the shared
+ * triangular-inverse helpers, the forward's flow kernel (k_intra_tc and k_state_fwd_tc_db as
+ * one grid), and the phase timers' report (profiling builds). The chunk-parallel backward
+ * kernels (and the kept reverse sweep with two tile sets) are in kda_tc_bwd.cu; what both
+ * share, with this version's design notes, in kda_tc.cuh; the state passes' tiles, staging and
+ * steps in kda_state.cuh. Launched by kernels/kda_cuda.cu (the host side, the shared
  * pipeline and version 1); the scratch layout is in kda_common.cuh, the block-wide MMA
  * products and staging helpers in kda_tile.cuh. */
 #include "kda_tc.cuh"

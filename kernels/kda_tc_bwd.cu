@@ -2,8 +2,10 @@
  * chunk-parallel kernels after the backward state pass, per (chunk, value head), 512 threads:
  * k_bwd_rows_tc (the contractions over V with the chunk's entering state and its gradient),
  * k_bwd_mat_tc (the WY part: dA, dM -> dL, dv, dKb, dbeta) and k_bwd_final_tc (the intra
- * terms, dG, the gate and beta chains), each with its precise twin from the same template.
- * Shared with kda_tc.cu (intra and state passes): kda_tc.cuh. */
+ * terms, dG, the gate and beta chains), each with its precise twin from the same template;
+ * and the kept fast reverse sweep with two tile sets (k_state_bwd_tc_db), alone and with the
+ * rows kernel as one grid (k_bwd_flow). Shared with kda_tc.cu (intra and state passes):
+ * kda_tc.cuh, and the state passes' helpers kda_state.cuh. */
 #include "kda_tc.cuh"
 #include "kda_state.cuh"
 
