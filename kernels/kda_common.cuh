@@ -231,9 +231,10 @@ enum { ST_FAST, ST_DB, ST_PRECISE };
 state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
 state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
 state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
-/* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): the first ns blocks to
- * start run the state pass, the rest the intra chunks, which flag each chunk when written */
-typedef void (*fwd_flow_fn)(kp, const void *, ws, int, const float *, void *, float *, int);
+/* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): after the first `lead`
+ * blocks to start the next ns run the state pass, the rest the intra chunks, which flag each
+ * chunk when written */
+typedef void (*fwd_flow_fn)(kp, const void *, ws, int, const float *, void *, float *, int, int);
 fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
 /* k_state_bwd_tc_db and k_bwd_rows_tc as one grid (kda_tc_bwd.cu): the state blocks flag each
  * chunk's dS, dVn; fb = w.flow + 1 + NTu HV (k_bwd_flow's words); nz: V tiles a head */

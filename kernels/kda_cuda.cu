@@ -655,8 +655,16 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       auto kern = k_fwd_flow_pick(vt == 2, kv);
       if (smem_opt_in((const void *)kern, smf, a, op, "k_fwd_flow")) return -1;
       if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-      unsigned nb = (unsigned)(ns + n_chunks_max(a) * a->HV);
-      kern<<<nb, NTC, smf, st>>>(p, v, w, vt, h0, o, ht, ns);
+      /* lead: intra blocks started before the state blocks. From the start, the state blocks
+       * wait on intra most of their time while holding their SMs; started after a quarter of
+       * the intra grid (which runs on every SM meanwhile) they catch up with it without
+       * waiting as long. KDA_KDA_FLOW_LEAD=N sets it (for measuring) */
+      int64_t ni = n_chunks_max(a) * a->HV;
+      const char *le = getenv("KDA_KDA_FLOW_LEAD");
+      int lead = (int)(le ? atoll(le) : ni / 4);
+      if (lead < 0 || lead > ni) lead = (int)ni;
+      unsigned nb = (unsigned)(ns + ni);
+      kern<<<nb, NTC, smf, st>>>(p, v, w, vt, h0, o, ht, ns, lead);
       LAUNCH_OK("k_fwd_flow", "kda_kda_cuda_forward");
       return 0;
     }

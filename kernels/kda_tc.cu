@@ -525,9 +525,11 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
  * SM at most), where the state pass occupies at most half the SMs and used to start only
  * once every chunk's intra block had finished: here it follows the intra blocks chunk by
  * chunk on the SMs it holds while they run on the rest. A block's role is its start order
- * (an atomic ticket), not its index: the first ns blocks to start run the state pass (one
- * st_block each), so every block that waits is resident, and the intra blocks, which never
- * wait, have the other SMs: no order of block scheduling can deadlock. The intra blocks take
+ * (an atomic ticket), not its index: after the first `lead` blocks to start (intra chunks:
+ * the state blocks, which hold their SMs while they wait, start that far behind; kda_cuda.cu
+ * says how far) the next ns run the state pass (one st_block each), so every block that waits
+ * is resident, and the intra blocks, which never wait, have the other SMs: no order of block
+ * scheduling can deadlock. The intra blocks take
  * the chunks position by position (every sequence's first chunk, then every second, ...: the
  * state passes' order) when the sequences have one length; packed sequences in chunk order.
  * Each intra block, once its tiles are written, sets its chunk's flag (flow_signal); the state
@@ -535,13 +537,13 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
  * arithmetic as the two kernels: bit-identical results (test_kda_cuda checks it). */
 template <bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, const float *h0,
-                                                             void *o, float *ht, int ns) {
+                                                             void *o, float *ht, int ns, int lead) {
   __shared__ int role;
   if (!threadIdx.x) role = atomicAdd(w.flow, 1);
   __syncthreads();
   const int r = role;
-  if (r < ns) return state_fwd_db<KV>(p, w, h0, o, ht, r, true);
-  int64_t x = r - ns, HV = p.HV, h = x % HV, q = x / HV, cb = q;
+  if (r >= lead && r < lead + ns) return state_fwd_db<KV>(p, w, h0, o, ht, r - lead, true);
+  int64_t x = r < lead ? r : r - ns, HV = p.HV, h = x % HV, q = x / HV, cb = q;
   if (!p.cu) {
     int64_t nc = (p.T + p.C - 1) / p.C;
     cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
