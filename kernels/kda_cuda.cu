@@ -658,7 +658,8 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       /* lead: intra blocks started before the state blocks. From the start, the state blocks
        * wait on intra most of their time while holding their SMs; started after a quarter of
        * the intra grid (which runs on every SM meanwhile) they catch up with it without
-       * waiting as long. KDA_KDA_FLOW_LEAD=N sets it (for measuring) */
+       * waiting as long. H200, one run, fwd+bwd (1,8192,16,128): lead 0 2.42 ms, a quarter
+       * (512) 2.35, a half 2.44. KDA_KDA_FLOW_LEAD=N sets it (for measuring) */
       int64_t ni = n_chunks_max(a) * a->HV;
       const char *le = getenv("KDA_KDA_FLOW_LEAD");
       int lead = (int)(le ? atoll(le) : ni / 4);
