@@ -529,9 +529,9 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
  * the state blocks, which hold their SMs while they wait, start that far behind; kda_cuda.cu
  * says how far) the next ns run the state pass (one st_block each), so every block that waits
  * is resident, and the intra blocks, which never wait, have the other SMs: no order of block
- * scheduling can deadlock. The intra blocks take
- * the chunks position by position (every sequence's first chunk, then every second, ...: the
- * state passes' order) when the sequences have one length; packed sequences in chunk order.
+ * scheduling can deadlock. The intra blocks take the chunks position by position (every
+ * sequence's first chunk, then every second, ...: the state passes' order) when the sequences
+ * have one length; packed sequences in chunk order.
  * Each intra block, once its tiles are written, sets its chunk's flag (flow_signal); the state
  * block's thread 0 waits for it (flow_wait) before the copies of that chunk. The same
  * arithmetic as the two kernels: bit-identical results (test_kda_cuda checks it). */
