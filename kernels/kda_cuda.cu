@@ -522,14 +522,19 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
  * alone 2.59; fwd 0.906 -> 0.852), while forced at (8,512,4,64) 0.167 -> 0.182 in a graph.
  * The other bench shapes' state grids are too large for it. KDA_KDA_THREADS must leave
  * both kernels at NTC (the flow runs both at NTC); KDA_KDA_FLOW=0 turns it off, =1 on wherever
- * the state grid allows it (read per call: test_kda_cuda compares the two on every case). */
+ * the state grid allows it, =fwd / =bwd that side only (read per call: test_kda_cuda compares
+ * the flow with the separate kernels on every case). */
 static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char *state_kernel) {
   const char *e = getenv("KDA_KDA_FLOW");
   if (e && strcmp(e, "0") == 0) return 0;
   if (chunk_threads(a, chunk_kernel, NTC) != NTC || chunk_threads(a, state_kernel, NTC) != NTC) return 0;
   int64_t nsm = sm_count();
   if (2 * (int64_t)state_grid(a).x > nsm) return 0;
-  return (e && strcmp(e, "1") == 0) || n_chunks_max(a) * a->HV >= 4 * nsm;
+  /* "fwd" / "bwd": force one side's flow only (for measuring the two apart) */
+  const char *side = strcmp(chunk_kernel, "intra") == 0 ? "fwd" : "bwd";
+  int force = e && (strcmp(e, "1") == 0 || strcmp(e, side) == 0);
+  int off = e && (strcmp(e, "fwd") == 0 || strcmp(e, "bwd") == 0) && !force;
+  return !off && (force || n_chunks_max(a) * a->HV >= 4 * nsm);
 }
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
