@@ -67,7 +67,9 @@ struct ws {
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
   float *Kb;        /* [.,K] b k e^G (version 2: written by k_intra_tc for k_bwd_mat_tc) */
-  float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk */
+  float *h, *dh;    /* [NTu, HV, K, V] state entering / grad leaving each chunk. h, dh and vn
+                     * hold bf16 in version 2's fast path (the state passes' RN shadows: what
+                     * the backward's products read; st_keep), fp32 elsewhere */
   float *dgn;       /* [NTu, HV, K] rowsum_V(S0 . dSe) per chunk (tensor-core path) */
   float *gpart;     /* [NTu, HV, K+1] per-chunk partials of ddt_bias (K) and dA_log (1) */
   /* version 2 only: bf16 copies the state passes stage with cp.async, written by k_intra_tc
@@ -206,7 +208,7 @@ size_t smem_state_tc_db(int64_t C, int64_t K);
 size_t smem_state_bwd_tc_db(int64_t C, int64_t K);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
-size_t smem_rows_tc_vn(int64_t C, int64_t V);
+size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn);
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);

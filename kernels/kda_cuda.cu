@@ -545,8 +545,8 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;
   if (backward) {
-    size_t x[3] = {smem_rows_tc(a->chunk, a->K, a->V), smem_mat_tc(a->chunk, a->K, a->V),
-                   smem_final_tc(a->chunk, a->K)};
+    size_t x[3] = {prec ? smem_rows_tc(a->chunk, a->K, a->V) : smem_rows_tc_fast(a->chunk, a->K, a->V, 0),
+                   smem_mat_tc(a->chunk, a->K, a->V), smem_final_tc(a->chunk, a->K)};
     for (size_t y : x) if (y > need) need = y;
   }
   return need <= (size_t)lim;
@@ -721,19 +721,25 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
-    /* the rows kernel's layout. sep: dS in a tile of its own when it fits (dgn from shared
-     * memory, one staging wait less); KDA_KDA_ROWS_SEP=0 forces the shared tile (read per
-     * call: the test runs both) */
-    size_t smr = smem_rows_tc_sep(a->chunk, a->K, a->V);
-    const char *rs = getenv("KDA_KDA_ROWS_SEP");
-    int sep = smr <= (size_t)smem_optin_limit() && !(rs && strcmp(rs, "0") == 0);
-    if (!sep) smr = smem_rows_tc(a->chunk, a->K, a->V);
-    /* the fast variant's Vn in a tile of its own (staged with the first copies, not after dW)
-     * where two blocks an SM still fit: the small heads; KDA_KDA_ROWS_VN=0 off */
-    const char *rv = getenv("KDA_KDA_ROWS_VN");
-    size_t vnb = smem_rows_tc_vn(a->chunk, a->V);
-    int vnx = !prec && 2 * (smr + vnb) <= smem_per_sm() && !(rv && strcmp(rv, "0") == 0);
-    if (vnx) smr += vnb;
+    /* the rows kernel's layout. The precise variant's sep: dS in a tile of its own when it
+     * fits (dgn from shared memory, one staging wait less); KDA_KDA_ROWS_SEP=0 forces the
+     * shared tile. The fast variant's vnx: Vn in a tile of its own (staged with the first
+     * copies, not after dW) where it fits without costing a second block an SM; KDA_KDA_ROWS_VN=0
+     * off (both read per call: the test's fourth path turns both off) */
+    size_t lim = (size_t)smem_optin_limit(), per_sm = smem_per_sm();
+    int sep = 0, vnx = 0;
+    size_t smr;
+    if (prec) {
+      const char *rs = getenv("KDA_KDA_ROWS_SEP");
+      smr = smem_rows_tc_sep(a->chunk, a->K, a->V);
+      sep = smr <= lim && !(rs && strcmp(rs, "0") == 0);
+      if (!sep) smr = smem_rows_tc(a->chunk, a->K, a->V);
+    } else {
+      const char *rv = getenv("KDA_KDA_ROWS_VN");
+      size_t s0 = smem_rows_tc_fast(a->chunk, a->K, a->V, 0), s1 = smem_rows_tc_fast(a->chunk, a->K, a->V, 1);
+      vnx = s1 <= lim && (2 * s1 <= per_sm || 2 * s0 > per_sm) && !(rv && strcmp(rv, "0") == 0);
+      smr = vnx ? s1 : s0;
+    }
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
      * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
      * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one

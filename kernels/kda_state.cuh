@@ -137,6 +137,29 @@ static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, 
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
+/* A kept state of the block's columns (w.h: the state entering each chunk; w.dh: its gradient)
+ * at base: the bf16 layout stores the shadow Sb, in bf16 (its readers, k_bwd_rows_tc's products
+ * and dgn, take it as it is: the same RN rounding their operands had when these were fp32 and
+ * halves the bytes of the two largest kept tensors), the fp32 layout (the precise backward) S */
+template <class T>
+static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
+  if constexpr (std::is_same<T, sbf>::value) {
+    sbf *d = (sbf *)dst + base + c0;
+    if (p.V % 8 == 0) {   /* rows 16-byte aligned; a group of 8 columns all in or all out */
+      for (int e = threadIdx.x; e < p.K * (BVT / 8); e += BT) {
+        int r = e / (BVT / 8), c = (e % (BVT / 8)) * 8;
+        if (c0 + c < p.V) *(uint4 *)(d + r * p.V + c) = *(const uint4 *)(t.Sb + r * t.DB + c);
+      }
+      return;
+    }
+    for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
+      int r = e / BVT, c = e % BVT;
+      if (c0 + c < p.V) d[r * p.V + c] = t.Sb[r * t.DB + c];
+    }
+    return;
+  }
+  st_st(p, dst, base, c0, t);
+}
 /* S <- e^{G_last} S + x for two adjacent epilogue outputs (columns c, c + 1: pairs2), and the
  * bf16 shadow, each pair in one load and one store (SB, DB and c are even) */
 template <class T>
@@ -147,19 +170,27 @@ static __device__ __forceinline__ void st_s_upd2(const st_tiles<T> &t, int r, in
   *(__nv_bfloat162 *)(t.Sb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
 }
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
- * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand). */
+ * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand) and stores
+ * that, in bf16 (as st_keep: the backward reads Vn only as a bf16 operand). */
 template <int P, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
-    float *vn0 = vn ? vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
+    sbf *vn0 = vn ? (sbf *)vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
     const int HVV = (int)(p.HV * p.V);
     mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
             pairs2([&](int r, int c, float x0, float x1) {
               float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
-              float v0 = u.x - x0, v1 = u.y - x1;
-              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
-              if (vn0 && r < m && c0 + c < p.V) st2f(vn0 + r * HVV + c, v0, v1, c0 + c + 1 < p.V);
+              __nv_bfloat162 v = __floats2bfloat162_rn(u.x - x0, u.y - x1);
+              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = v;
+              if (vn0 && r < m && c0 + c < p.V) {
+                sbf *d = vn0 + r * HVV + c;
+                if (c0 + c + 1 < p.V && ((uintptr_t)d & 3) == 0) *(__nv_bfloat162 *)d = v;
+                else {
+                  d[0] = v.x;
+                  if (c0 + c + 1 < p.V) d[1] = v.y;
+                }
+              }
             }));
     return;
   }
@@ -287,7 +318,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
-    st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
     if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
     cp_async_commit();
     if (ci + 1 < cl) flow_signal(fb, ci + 1, h, HV);   /* chunk ci + 1's dS, dVn are written */

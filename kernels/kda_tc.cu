@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vb, S, en */
-    if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
+    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
     cp_async_commit();
     st_glast gl = st_glast_load(p, w, t0, m, h);  /* stored into t.en after o */
@@ -489,7 +489,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     int m = w.ctab[4 * ci + 2];
     if (ci + 1 < cl) flow_wait(w, ci + 1, h, HV, flow);
     __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
-    if (w.h) st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
+    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
     if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
     cp_async_commit();
     st_glast gl = st_glast_load(p, w, t0, m, h);
@@ -580,7 +580,7 @@ static __device__ __forceinline__ void st_fwd_sweep(const kp &p, const ws &w, co
     int64_t t0 = w.ctab[4 * ci + 1];
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous update done with kg, Vn, S, en */
-    st_st(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
     if (!UN) st_stage(p, w, t, t0, m, h, c0, nullptr, SG_U);
     cp_async_commit();
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG | (o ? SG_QG | SG_A : 0));
@@ -644,7 +644,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
-    st_st(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
     st_stage(p, w, t, t0, m, h, c0, dout, SG_DO);
     cp_async_commit();
     st_stage(p, w, t, t0, m, h, c0, nullptr, SG_QG | SG_W);

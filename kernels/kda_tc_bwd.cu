@@ -11,23 +11,28 @@
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
- * Staging is all cp.async, in the inputs' own types: fp32 R1 [K16][VS] holds S0, R2 [C][VS]
- * dVn then Vn (or Vn in a tile R4 of its own, see bwd_rows_tc), fp32 G [C][K16+4], bf16 dO
- * [C][VB]; dS goes to its own tile R3 [K16][VS] with
- * the first copies when it fits (sep, smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn
- * is summed from shared memory while Vn streams in; otherwise into R1 after the S0 products
- * and dgn reads S0, dS from global (rows_dgn). The fast variant rounds S0, dS, Vn, dVn to bf16
- * as MMA operands (the same RN rounding its staging used to do with batched converting loads);
- * the precise one (k_bwd_rows_tc_p) runs the products in P_3TF32 (dO, a bf16 input, is exact
- * in tf32: P_3TF32A). */
-size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* both variants, dS sharing R1 */
+ * Staging is all cp.async, in the inputs' own types; G fp32 [C][K16+4] first in both variants.
+ * The fast variant (k_bwd_rows_tc) reads the state passes' bf16 copies of S0, dS and Vn
+ * (st_keep, st_vn_tc: the RN shadows its products took as operands when these were fp32):
+ * bf16 S0, dS [K16][VB], dO [C][VB], and Vn [C][VB] in a tile of its own staged with the first
+ * copies (vn) or, where that does not fit, into the fp32 dVn tile R2 [C][VS] once the dW
+ * product is done with it; dVn (fp32: k_bwd_mat_tc reads it in tf32) turns bf16 in place; dgn
+ * is summed from the bf16 S0, dS tiles in fp32. With fp32 S0, dS, Vn (until 2026-12-01) this
+ * kernel read ~250 KB a block at K = V = 128 (~170 KB now) and staged Vn after dW.
+ * The precise one (k_bwd_rows_tc_p) stages fp32 R1 [K16][VS] S0, R2 [C][VS] dVn then Vn, bf16
+ * dO [C][VB]; dS in its own tile R3 [K16][VS] with the first copies when it fits (sep,
+ * smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn is summed from shared memory while Vn
+ * streams in; otherwise into R1 after the S0 products, dgn read from global (rows_dgn). Its
+ * products run in P_3TF32 (dO, a bf16 input, is exact in tf32: P_3TF32A). */
+size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* the precise layout, dS sharing R1 */
   return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
 }
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
   return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
 }
-size_t smem_rows_tc_vn(int64_t C, int64_t V) {   /* the fast variant's separate Vn tile R4 */
-  return (size_t)C * (r16(V) + 4) * 4;
+size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn) {   /* vn: Vn's own tile */
+  int64_t VB = r16(V) + 8;
+  return (size_t)(C * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)((2 * r16(K) + C + (vn ? C : 0)) * VB) * 2;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
  * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
@@ -104,6 +109,22 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
       }
   }
 }
+/* the same sums from bf16 tiles (the fast variant's S0, dS, rows of VB, zero past V), a lane two
+ * adjacent columns at a time */
+static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int chunk, int64_t h, const sbf *S0,
+                                                  const sbf *dS, int VB) {
+  int lane = threadIdx.x & 31;
+  for (int d = threadIdx.x >> 5; d < p.K; d += BT / 32) {
+    float acc = 0.f;
+    for (int c = 2 * lane; c < p.V; c += 64) {
+      float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(S0 + d * VB + c));
+      float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(dS + d * VB + c));
+      acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    }
+    acc = kc_warp_sum(acc);
+    if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * p.K + d] = acc;
+  }
+}
 template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
@@ -114,33 +135,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   if (!n) return;
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
-  float *R1 = sm, *R2 = R1 + K16 * VS, *Gs = R2 + C * VS;
-  sbf *dO = (sbf *)(Gs + C * GS);
-  /* sep & 2 (the fast variant, when two blocks an SM still fit): Vn in a tile of its own, R4
-   * [C][VS], staged in a second group with the first copies instead of into R2 after dW */
-  const bool vnx = !PR && (sep & 2);
-  sep &= 1;
-  float *R3 = sep ? (float *)(dO + C * VB) : R1, *R4 = (float *)(dO + C * VB) + (sep ? K16 * VS : 0);
-  const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
-  const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
+  float *Gs = sm;
   bool al = V % 4 == 0;
-  PH_INIT(3);
-  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
-  cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
-  cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
-  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
-  if (sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
-  if (vnx) {
-    cp_async_commit();
-    cp_tile_f32(R4, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
-    cp_async_commit();
-  }
-  PH(0);
-  if (!sep) rows_dgn(p, w, cb, h, gS0, gdS);
-  if (vnx) cp_async_wait_group<1>();               /* all but Vn */
-  else cp_async_wait_all();
-  __syncthreads();
-  PH(1);
   /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; each epilogue stores a row's two
    * adjacent outputs at once (pairs2; K may be odd: st2f then stores them one by one) */
   auto dq_v = [&](int i, int d, float x) { return p.scale * x * kexp(Gs[i * GS + d]); };
@@ -154,30 +150,58 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   auto dki_out = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, dki_v(i, d, x0), dki_v(i, d + 1, x1), d + 1 < K);
   };
-  /* the fast variant's products are all bf16: the fp32 tiles become bf16 in place (the same RN
-   * rounding the operand loads did) and feed ldmatrix (mma_ldm); bf16 views of pitch 2 VS */
-  auto b16 = [&](float *t) { return bt{(const sbf *)t, 2 * VS, 1}; };
+  PH_INIT(3);
+  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
   if constexpr (!PR) {
-    if (sep) rows_dgn_smem(p, w, cb, h, R1, R3, VS);   /* from the fp32 tiles, before they turn */
-    rows_to_bf16(R1, K16, VS, V16), rows_to_bf16(R2, C, VS, V16);
-    if (sep) rows_to_bf16(R3, K16, VS, V16);
+    /* sep & 2: Vn in a tile of its own (the host's choice, where it fits) */
+    const bool vnx = sep & 2;
+    float *R2 = Gs + C * GS;
+    sbf *S0 = (sbf *)(R2 + C * VS), *dS = S0 + K16 * VB, *dO = dS + K16 * VB, *Vn = vnx ? dO + C * VB : (sbf *)R2;
+    int64_t sr = ((int64_t)cb * HV + h) * K;       /* the chunk's states, in rows of V */
+    cp_tile_bf16(S0, VB, K16, V16, (int)K, V, w.h, sr, 1, 0);
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
+    cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+    cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
+    if (vnx) {
+      cp_async_commit();
+      cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
+      cp_async_commit();
+      cp_async_wait_group<1>();                    /* all but Vn */
+    } else cp_async_wait_all();
     __syncthreads();
+    PH(0);
+    rows_dgn_b(p, w, cb, h, S0, dS, VB);
+    rows_to_bf16(R2, C, VS, V16);                  /* dVn (the mat kernel reads it in fp32) */
+    __syncthreads();
+    PH(1);
     /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
-    mma_ldm(C, K16, bt{dO, VB, 1}, b16(R1), V16, bt{}, bt{}, 0, pairs2(dq_out));
+    mma_ldm(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));
     PH(2);
-    mma_ldm(C, K16, b16(R2), b16(R1), V16, bt{}, bt{}, 0, pairs2(dw_out));
-    __syncthreads();                               /* dVn (and without sep S0) read by every warp */
-    if (!sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
-    if (!vnx) cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.vn + ROWI(i) * V; });
-    float *Rv = vnx ? R4 : R2;
+    mma_ldm(C, K16, bt{(const sbf *)R2, 2 * VS, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));
+    if (!vnx) {
+      __syncthreads();                             /* every warp done with dVn */
+      cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
+    }
     cp_async_wait_all();
     __syncthreads();
-    rows_to_bf16(Rv, C, VS, V16);
-    if (!sep) rows_to_bf16(R3, K16, VS, V16);
-    __syncthreads();
     PH(3);
-    mma_ldm(C, K16, b16(Rv), b16(R3), V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+    mma_ldm(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
   } else {
+    float *R1 = Gs + C * GS, *R2 = R1 + K16 * VS;
+    sbf *dO = (sbf *)(R2 + C * VS);
+    sep &= 1;
+    float *R3 = sep ? (float *)(dO + C * VB) : R1;
+    const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
+    const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
+    cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
+    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
+    cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+    if (sep) cp_tile_f32(R3, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gdS + (int64_t)d * V; });
+    PH(0);
+    if (!sep) rows_dgn(p, w, cb, h, gS0, gdS);
+    cp_async_wait_all();
+    __syncthreads();
+    PH(1);
     auto s0t = [&](int c, int d) { return R1[d * VS + c]; };   /* S0^T */
     mma_blk4<PA>(C, K16, V16, [&](int i, int c) { return f(dO[i * VB + c]); }, s0t, pairs2(dq_out));
     PH(2);
@@ -299,12 +323,14 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   float *MsT = (float *)(Vr + C * VB);             /* the fast variant's M^T (tf32-rounded) */
   if (CM) X = Kb, MsT = dM;                        /* Kb is dead once dM is formed, dM once X is */
   PH_INIT(4);
-  /* staging, all asynchronous: fp32 Vn (both variants: the fast one rounds it to bf16 as an
-   * MMA operand, the same RN rounding the staging did), Kb = b k e^G as the backward's
-   * k_intra_tc wrote it, raw bf16 dO and v. It used to convert vn and form Kb (three loads per
-   * element) with batched loads, ~50% of the kernel's time at K = V = 128. Two groups: dA's
-   * operands (Vn, dO) first, so that dA runs while the rest (M, dVn, dW, Kb, v) arrives. */
-  cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  /* staging, all asynchronous: Vn (fp32 for the precise variant; the fast one's is the state
+   * pass's bf16 copy, its MMA operand as it is: the same RN rounding, staged at VnF's in-place
+   * bf16 pitch), Kb = b k e^G as the backward's k_intra_tc wrote it, raw bf16 dO and v. It used
+   * to convert vn and form Kb (three loads per element) with batched loads, ~50% of the
+   * kernel's time at K = V = 128. Two groups: dA's operands (Vn, dO) first, so that dA runs
+   * while the rest (M, dVn, dW, Kb, v) arrives. */
+  if constexpr (PR) cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+  else cp_tile_bf16((sbf *)VnF, 2 * VS, C, V16, n, V, w.vn, t0, HV, h);
   cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   cp_async_commit();
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
@@ -317,10 +343,6 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_async_wait_group<1>();                        /* Vn, dO (the rest may fly) */
   __syncthreads();
   PH(0);
-  if constexpr (!PR) {
-    rows_to_bf16(VnF, C, VS, V16);                 /* Vn: the bf16 dA product's only use */
-    __syncthreads();
-  }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
   /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
    * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */

@@ -18,7 +18,8 @@
  * (KDA_KDA_PRECISE=1; its state pass at 256 threads where the run-time forms run, as large
  * batches of small heads do; the K = V = 64 / 128 instantiations keep the size they are built for),
  * and the tensor-core path in its other layouts: the backward's rows
- * kernel with one S0/dS tile (KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
+ * kernel with Vn staged after dW (KDA_KDA_ROWS_VN=0; its precise variant with one S0/dS tile,
+ * KDA_KDA_ROWS_SEP=0) at 512 threads (KDA_KDA_THREADS), the chunk
  * kernels without their compact layouts for small heads (KDA_KDA_COMPACT=0), the state passes
  * with one set of chunk tiles (KDA_KDA_STATE_DB=0), every version-2 kernel's run-time shapes
  * instead of its K = V = 64 / 128 instantiations (KDA_KDA_KV=0); the quick run does the first
@@ -648,16 +649,17 @@ int main(int argc, char **argv) {
   const char *paths[4] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
                           "KDA_KDA_PRECISE=1 KDA_KDA_THREADS=state_bwd=256 (tensor-core path, precise "
                           "backward on every case, its state pass at 256 threads)",
-                          "KDA_KDA_ROWS_SEP=0 KDA_KDA_COMPACT=0 KDA_KDA_THREADS=rows=512 KDA_KDA_STATE_DB=0 "
-                          "KDA_KDA_KV=0 (tensor-core path, the rows kernel with one S0/dS tile at 512 "
-                          "threads, wide layouts, the state passes' single tile set, the run-time "
-                          "shapes)"};
+                          "KDA_KDA_ROWS_VN=0 KDA_KDA_ROWS_SEP=0 KDA_KDA_COMPACT=0 KDA_KDA_THREADS=rows=512 "
+                          "KDA_KDA_STATE_DB=0 KDA_KDA_KV=0 (tensor-core path, the rows kernel with Vn "
+                          "staged after dW (precise: one S0/dS tile) at 512 threads, wide layouts, the "
+                          "state passes' single tile set, the run-time shapes)"};
   for (int path = 0; path < (quick ? 1 : 4); path++) {
     if (path == 1) setenv("KDA_KDA_SIMPLE", "1", 1);
     else unsetenv("KDA_KDA_SIMPLE");
     if (path == 2) setenv("KDA_KDA_PRECISE", "1", 1), setenv("KDA_KDA_THREADS", "state_bwd=256", 1);
     if (path == 3)
-      unsetenv("KDA_KDA_PRECISE"), setenv("KDA_KDA_ROWS_SEP", "0", 1), setenv("KDA_KDA_COMPACT", "0", 1),
+      unsetenv("KDA_KDA_PRECISE"), setenv("KDA_KDA_ROWS_VN", "0", 1), setenv("KDA_KDA_ROWS_SEP", "0", 1),
+      setenv("KDA_KDA_COMPACT", "0", 1),
       setenv("KDA_KDA_THREADS", "rows=512", 1), setenv("KDA_KDA_STATE_DB", "0", 1),
       setenv("KDA_KDA_KV", "0", 1);
     printf("# --- %s ---\n", paths[path]);
@@ -666,6 +668,7 @@ int main(int argc, char **argv) {
   }
   unsetenv("KDA_KDA_SIMPLE");
   unsetenv("KDA_KDA_ROWS_SEP");
+  unsetenv("KDA_KDA_ROWS_VN");
   unsetenv("KDA_KDA_COMPACT");
   unsetenv("KDA_KDA_THREADS");
   unsetenv("KDA_KDA_STATE_DB");
