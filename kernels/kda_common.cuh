@@ -63,6 +63,7 @@ struct ws {
   float *U;         /* [.,V] */
   /* backward only */
   float *vn, *dvn;  /* [.,V] */
+  bf16 *dvnb;       /* [.,V] dVn in bf16 (version 2's fast path: the rows kernel's operand) */
   float *dQ, *dKi, *dW, *dKb; /* [.,K] */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */

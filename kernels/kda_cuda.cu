@@ -58,7 +58,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
     w->vn = (float *)take(TH * V * 4), w->Kb = (float *)take(TH * K * 4);
     w->h = (float *)take(NTu * a->HV * K * V * 4);
     if (keep_end) *keep_end = off;
-    w->dvn = (float *)take(TH * V * 4);
+    w->dvn = (float *)take(TH * V * 4), w->dvnb = (bf16 *)take(TH * V * 2);
     w->dQ = (float *)take(TH * K * 4), w->dKi = (float *)take(TH * K * 4);
     w->dW = (float *)take(TH * K * 4), w->dKb = (float *)take(TH * K * 4);
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
@@ -540,7 +540,7 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
   int lim = smem_optin_limit();
-  if (!lim || a->V > 512) return 0;                /* rows_to_bf16 converts rows of <= 512 */
+  if (!lim || a->V > 512) return 0;                /* the value widths version 2 is built for */
   size_t need = smem_intra_tc(a->chunk, a->K, a->V);
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;

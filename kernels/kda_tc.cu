@@ -642,6 +642,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   for (int ci = cl - 1; ci >= cf; ci--) {
     int64_t t0 = w.ctab[4 * ci + 1];
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
+    bf16 *dvb0 = w.dvnb + (t0 * HV + h) * V + c0;
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
     st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
@@ -654,13 +655,11 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     __syncthreads();
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; the bf16 layout keeps -dVn in the shadow Vb (its one use:
-     * the dS update's -W^T dVn, as W^T (-dVn), the same products) */
+     * the dS update's -W^T dVn, as W^T (-dVn), the same products), and stores dVn in fp32 (the
+     * mat kernel's tf32 operand) and bf16 (the rows kernel's: st_dvn) */
     if constexpr (!PR)
       mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-              pairs2([&](int r, int c, float x0, float x1) {
-                *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __floats2bfloat162_rn(-x0, -x1);
-                if (r < m && c0 + c < V) st2f(dvn0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
-              }));
+              pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c); }));
     else   /* B = dO (bf16 data, exact) for k < C */
       mma_blk4_3x<P>(p.C, BVT, p.C + t.K16,
                      [&](int j, int k) { return k < p.C ? f(t.A[k * t.CB + j]) : f(t.kg[j * t.KB + k - p.C]); },

@@ -10,29 +10,29 @@
 #include "kda_state.cuh"
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
-/* dQ = s (dO S0^T) e^G, dKi = (Vn dSe^T) e^{Gn-G}, dW = -dVn S0^T; dgn = rowsum_V(S0 . dSe).
- * Staging is all cp.async, in the inputs' own types; G fp32 [C][K16+4] first in both variants.
- * The fast variant (k_bwd_rows_tc) reads the state passes' bf16 copies of S0, dS and Vn
- * (st_keep, st_vn_tc: the RN shadows its products took as operands when these were fp32):
- * bf16 S0, dS [K16][VB], dO [C][VB], and Vn [C][VB] in a tile of its own staged with the first
- * copies (vn) or, where that does not fit, into the fp32 dVn tile R2 [C][VS] once the dW
- * product is done with it; dVn (fp32: k_bwd_mat_tc reads it in tf32) turns bf16 in place; dgn
- * is summed from the bf16 S0, dS tiles in fp32. With fp32 S0, dS, Vn (until 2026-12-01) this
- * kernel read ~250 KB a block at K = V = 128 (~170 KB now) and staged Vn after dW.
+/* The contractions over V: dQ = dO S0^T, dKi = Vn dSe^T, dW = -dVn S0^T (k_bwd_final_tc applies
+ * dQ's s e^G and dKi's e^{Gn-G}: it stages G anyway, and without G this kernel's tiles fit two
+ * blocks an SM at K = V = 128), and dgn = rowsum_V(S0 . dSe). Staging is all cp.async, in the
+ * inputs' own types.
+ * The fast variant (k_bwd_rows_tc) reads the state passes' bf16 copies of S0, dS, Vn and dVn
+ * (st_keep, st_vn_tc, st_dvn: the RN shadows its products take as operands): S0, dS [K16][VB],
+ * dVn, dO [C][VB], and Vn [C][VB] in a tile of its own staged with the first copies (vn) where
+ * that costs no second block an SM, else into dVn's tile once the dW product is done with it;
+ * dgn is summed from the bf16 S0, dS tiles in fp32. 102 KB at K = V = 128, two blocks an SM;
+ * with fp32 S0, dS, Vn, dVn and G (until 2026-12-01) it read ~250 KB a block and fit one.
  * The precise one (k_bwd_rows_tc_p) stages fp32 R1 [K16][VS] S0, R2 [C][VS] dVn then Vn, bf16
  * dO [C][VB]; dS in its own tile R3 [K16][VS] with the first copies when it fits (sep,
- * smem_rows_tc_sep: 215 KB at K = V = 128), so that dgn is summed from shared memory while Vn
- * streams in; otherwise into R1 after the S0 products, dgn read from global (rows_dgn). Its
- * products run in P_3TF32 (dO, a bf16 input, is exact in tf32: P_3TF32A). */
+ * smem_rows_tc_sep), so that dgn is summed from shared memory while Vn streams in; otherwise
+ * into R1 after the S0 products, dgn read from global (rows_dgn). Its products run in P_3TF32
+ * (dO, a bf16 input, is exact in tf32: P_3TF32A). */
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* the precise layout, dS sharing R1 */
-  return (size_t)((r16(K) + C) * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
+  return (size_t)((r16(K) + C) * (r16(V) + 4)) * 4 + (size_t)C * (r16(V) + 8) * 2;
 }
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
   return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
 }
 size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn) {   /* vn: Vn's own tile */
-  int64_t VB = r16(V) + 8;
-  return (size_t)(C * (r16(V) + 4) + C * (r16(K) + 4)) * 4 + (size_t)((2 * r16(K) + C + (vn ? C : 0)) * VB) * 2;
+  return (size_t)((2 * r16(K) + 2 * C + (vn ? C : 0)) * (r16(V) + 8)) * 2;
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
  * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
@@ -88,27 +88,6 @@ static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, i
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
   }
 }
-/* rows r < R of an fp32 tile [.][ld] become bf16 (RN) in place: row r's bf16 copy starts at
- * its fp32 row, so the bf16 tile has a pitch of 2 ld elements (ld = 8 mod 32 floats keeps
- * ldmatrix conflict-free). A warp converts whole rows, reading a row into registers before
- * writing it (the two overlap); cols <= 512, cols % 4 == 0 */
-static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int cols) {
-  int lane = threadIdx.x & 31;
-  for (int r = threadIdx.x >> 5; r < R; r += BT / 32) {
-    float4 x[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (4 * lane + 128 * u < cols) x[u] = *(const float4 *)(t + r * ld + 4 * lane + 128 * u);
-    __syncwarp();
-    __nv_bfloat162 *o = (__nv_bfloat162 *)(t + r * ld);
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (4 * lane + 128 * u < cols) {
-        int c2 = 2 * lane + 64 * u;
-        o[c2] = __floats2bfloat162_rn(x[u].x, x[u].y), o[c2 + 1] = __floats2bfloat162_rn(x[u].z, x[u].w);
-      }
-  }
-}
 /* the same sums from bf16 tiles (the fast variant's S0, dS, rows of VB, zero past V), a lane two
  * adjacent columns at a time */
 static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int chunk, int64_t h, const sbf *S0,
@@ -134,32 +113,27 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   int n = ct[2];
   if (!n) return;
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
-  int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8, GS = K16 + 4;
-  float *Gs = sm;
-  bool al = V % 4 == 0;
-  /* dQ = s x e^G, dKi = x e^{Gn - G} of an output x; each epilogue stores a row's two
-   * adjacent outputs at once (pairs2; K may be odd: st2f then stores them one by one) */
-  auto dq_v = [&](int i, int d, float x) { return p.scale * x * kexp(Gs[i * GS + d]); };
-  auto dki_v = [&](int i, int d, float x) { return x * kexp(Gs[(n - 1) * GS + d] - Gs[i * GS + d]); };
+  int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8;
+  /* each epilogue stores a row's two adjacent outputs at once (pairs2; K may be odd: st2f then
+   * stores them one by one) */
   auto dq_out = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, dq_v(i, d, x0), dq_v(i, d + 1, x1), d + 1 < K);
+    if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, x0, x1, d + 1 < K);
   };
   auto dw_out = [&](int i, int d, float x0, float x1) {
     if (i < n && d < K) st2f(w.dW + ROWI(i) * K + d, -x0, -x1, d + 1 < K);
   };
   auto dki_out = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, dki_v(i, d, x0), dki_v(i, d + 1, x1), d + 1 < K);
+    if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, x0, x1, d + 1 < K);
   };
   PH_INIT(3);
-  cp_tile_f32(Gs, GS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.G + ROWI(i) * K; });
   if constexpr (!PR) {
     /* sep & 2: Vn in a tile of its own (the host's choice, where it fits) */
     const bool vnx = sep & 2;
-    float *R2 = Gs + C * GS;
-    sbf *S0 = (sbf *)(R2 + C * VS), *dS = S0 + K16 * VB, *dO = dS + K16 * VB, *Vn = vnx ? dO + C * VB : (sbf *)R2;
+    sbf *dVn = (sbf *)sm, *S0 = dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
+    sbf *Vn = vnx ? dO + C * VB : dVn;
     int64_t sr = ((int64_t)cb * HV + h) * K;       /* the chunk's states, in rows of V */
     cp_tile_bf16(S0, VB, K16, V16, (int)K, V, w.h, sr, 1, 0);
-    cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
+    cp_tile_bf16(dVn, VB, C, V16, n, V, w.dvnb, t0, HV, h);
     cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
     cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
     if (vnx) {
@@ -171,13 +145,10 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     __syncthreads();
     PH(0);
     rows_dgn_b(p, w, cb, h, S0, dS, VB);
-    rows_to_bf16(R2, C, VS, V16);                  /* dVn (the mat kernel reads it in fp32) */
-    __syncthreads();
     PH(1);
-    /* dQ = s dO S0^T e^G, dW = -dVn S0^T */
-    mma_ldm(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));
+    mma_ldm(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
     PH(2);
-    mma_ldm(C, K16, bt{(const sbf *)R2, 2 * VS, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));
+    mma_ldm(C, K16, bt{dVn, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
     if (!vnx) {
       __syncthreads();                             /* every warp done with dVn */
       cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
@@ -185,14 +156,15 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_async_wait_all();
     __syncthreads();
     PH(3);
-    mma_ldm(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T e^{Gn-G} */
+    mma_ldm(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
   } else {
-    float *R1 = Gs + C * GS, *R2 = R1 + K16 * VS;
+    float *R1 = sm, *R2 = R1 + K16 * VS;
     sbf *dO = (sbf *)(R2 + C * VS);
     sep &= 1;
     float *R3 = sep ? (float *)(dO + C * VB) : R1;
     const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
     const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
+    bool al = V % 4 == 0;
     cp_tile_f32(R1, VS, K16, V16, (int)K, (int)V, al, [&](int d) { return gS0 + (int64_t)d * V; });
     cp_tile_f32(R2, VS, C, V16, n, (int)V, al, [&](int i) { return w.dvn + ROWI(i) * V; });
     cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
@@ -537,6 +509,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
   __syncthreads();
+  /* the inter-chunk dKi as the rows kernel leaves it, Vn dS^T, times e^{Gn - G} here (the
+   * rows kernel stages no G); dQ's s e^G below */
+  for (int e = tid; e < n * (int)K; e += BT) {
+    int i = e / (int)K, d = e % (int)K;
+    Xd[i * XS + d] *= kexp(Gs[(n - 1) * KS + d] - Gs[i * KS + d]);
+  }
+  __syncthreads();
   PH(0);
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
     /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
@@ -619,8 +598,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         int gi = (I0 + i) * RS + d;
         float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = kexp(Gs[(I0 + i) * KS + d]),
               b = bs[I0 + i], dki = Xd[(I0 + i) * XS + d];   /* reloaded: gr, kr die after the pair loop */
-        float dG0 = q * dq0[u] - k * dki + b * k * eg * dkb[u], dKi0 = dki + dkb[u] * b * eg;
-        dQg[gi] = dq0[u] + dqi[i];
+        float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
+        float dG0 = q * dq - k * dki + b * k * eg * dkb[u], dKi0 = dki + dkb[u] * b * eg;
+        dQg[gi] = dq + dqi[i];
         dKbg[gi] = R[i];
         dKig[gi] = dKi0 + col[i];
         dGs[(I0 + i) * KS + d] = dG0 + (q * dqi[i] - k * col[i]);
