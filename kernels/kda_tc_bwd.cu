@@ -509,23 +509,22 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
   __syncthreads();
-  /* the inter-chunk dKi as the rows kernel leaves it, Vn dS^T, times e^{Gn - G} here (the
-   * rows kernel stages no G); dQ's s e^G below */
-  for (int e = tid; e < n * (int)K; e += BT) {
-    int i = e / (int)K, d = e % (int)K;
-    Xd[i * XS + d] *= kexp(Gs[(n - 1) * KS + d] - Gs[i * KS + d]);
-  }
-  __syncthreads();
   PH(0);
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
     /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
-     * the group sums go to X's first rows and are added in group order */
+     * the group sums go to X's first rows and are added in group order. The staged dKi is
+     * the rows kernel's Vn dS^T: its factor e^{Gn - G} is applied here, in place, for the
+     * phases after this one too (the rows kernel stages no G; a pass of its own over the
+     * tile cost ~1.6k cycles a block at (8,2048,16,128)); dQ's s e^G in the diagonal phase */
     int ng = (n + 15) / 16;
     for (int e = tid; e < ng * (int)K; e += BT) {
       int r0 = (e / (int)K) * 16, d = e % (int)K;
-      float x[16], acc = 0;
+      float x[16], acc = 0, gl = Gs[(n - 1) * KS + d];
 #pragma unroll
-      for (int u = 0; u < 16; u++) x[u] = Xd[(r0 + u) * XS + d];   /* zero past n */
+      for (int u = 0; u < 16; u++) {               /* zero past n (G's pad rows repeat the last) */
+        x[u] = Xd[(r0 + u) * XS + d] * kexp(gl - Gs[(r0 + u) * KS + d]);
+        Xd[(r0 + u) * XS + d] = x[u];
+      }
 #pragma unroll
       for (int u = 0; u < 16; u++)
         if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
