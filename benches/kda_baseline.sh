@@ -9,15 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REV=${1:-HEAD}
 NAME=${2:-}
+SHORT=$(git rev-parse --short "$REV")   # now: HEAD may move while the build runs
 WT=$(mktemp -d /tmp/kda_base.XXXXXX)
 trap 'git worktree remove --force "$WT" >/dev/null 2>&1 || rm -rf "$WT"' EXIT
-git worktree add -f --detach "$WT" "$REV" >/dev/null
+git worktree add -f --detach "$WT" "$SHORT" >/dev/null
 (cd "$WT" && BUILD_ONLY=1 OUT=build/kda_gpu sh benches/kda_gpu.sh >/dev/null)
 mkdir -p "$WT/st/bin" .devbuild
 cp "$WT"/build/kda_gpu/{test_kda_cuda,kda_bench,kda_bench_phases} "$WT/st/bin/"
 if [ "${WITH_KDA:-0}" = 1 ]; then (cd "$WT" && make -j2 kda >/dev/null) && cp "$WT/kda" "$WT/st/bin/"; fi
 strip "$WT"/st/bin/*
-git rev-parse --short "$REV" > "$WT/st/bin/REVISION"
+echo "$SHORT" > "$WT/st/bin/REVISION"
 TAR=.devbuild/bundle_b.tar.xz; [ -n "$NAME" ] && TAR=.devbuild/kda_$NAME.tar.xz
 tar -C "$WT/st" -cJf "$TAR" bin
 ls -la "$TAR"

@@ -519,7 +519,8 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
  * then runs beside the chunk blocks instead of before or after them all. Where the chunk grid
  * is one wave the SMs the state blocks hold cost a second wave. Measured on the H200 (one run
  * against the separate kernels): fwd+bwd (1,8192,16,128) 2.71 -> 2.44 ms (the forward's flow
- * alone 2.59; fwd 0.906 -> 0.852), while forced at (8,512,4,64) 0.167 -> 0.182 in a graph.
+ * alone 2.59; fwd 0.906 -> 0.852), while forced at (8,512,4,64) 0.167 -> 0.182 in a graph
+ * (the backward's alone, KDA_KDA_FLOW=bwd: 0.166 -> 0.173).
  * The other bench shapes' state grids are too large for it. KDA_KDA_THREADS must leave
  * both kernels at NTC (the flow runs both at NTC); KDA_KDA_FLOW=0 turns it off, =1 on wherever
  * the state grid allows it, =fwd / =bwd that side only (read per call: test_kda_cuda compares
