@@ -546,7 +546,7 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;
   if (backward) {
-    size_t x[3] = {prec ? smem_rows_tc(a->chunk, a->K, a->V) : smem_rows_tc_fast(a->chunk, a->K, a->V, 0),
+    size_t x[3] = {prec ? smem_rows_tc(a->chunk, a->K, a->V) : smem_rows_tc_fast(a->chunk, a->K, a->V, 0, 1),
                    smem_mat_tc(a->chunk, a->K, a->V), smem_final_tc(a->chunk, a->K)};
     for (size_t y : x) if (y > need) need = y;
   }
@@ -728,7 +728,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * copies, not after dW) where it fits without costing a second block an SM; KDA_KDA_ROWS_VN=0
      * off (both read per call: the test's fourth path turns both off) */
     size_t lim = (size_t)smem_optin_limit(), per_sm = smem_per_sm();
-    int sep = 0, vnx = 0;
+    int sep = 0, vnx = 0, dvf = 0;
     size_t smr;
     if (prec) {
       const char *rs = getenv("KDA_KDA_ROWS_SEP");
@@ -736,8 +736,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       sep = smr <= lim && !(rs && strcmp(rs, "0") == 0);
       if (!sep) smr = smem_rows_tc(a->chunk, a->K, a->V);
     } else {
+      /* dvf: after the two-tile-set reverse sweep (alone or in the flow kernel), which writes no
+       * bf16 dVn, the rows kernel reads the fp32 one */
       const char *rv = getenv("KDA_KDA_ROWS_VN");
-      size_t s0 = smem_rows_tc_fast(a->chunk, a->K, a->V, 0), s1 = smem_rows_tc_fast(a->chunk, a->K, a->V, 1);
+      dvf = kept && use_state_db(a, smd);
+      size_t s0 = smem_rows_tc_fast(a->chunk, a->K, a->V, 0, dvf), s1 = smem_rows_tc_fast(a->chunk, a->K, a->V, 1, dvf);
       vnx = s1 <= lim && (2 * s1 <= per_sm || 2 * s0 > per_sm) && !(rv && strcmp(rv, "0") == 0);
       smr = vnx ? s1 : s0;
     }
@@ -755,7 +758,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       auto kf = k_bwd_flow_pick(kv);
       if (smem_opt_in((const void *)kf, smf, a, op, "k_bwd_flow")) return -1;
       unsigned nb = (unsigned)(ns + NTu * a->HV);
-      kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, sep | vnx << 1, ns, nz, w.flow + 1 + NTu * a->HV);
+      kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, sep | vnx << 1 | dvf << 2, ns, nz, w.flow + 1 + NTu * a->HV);
       LAUNCH_OK("k_bwd_flow", "kda_kda_cuda_backward");
     } else if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
       auto kdb = k_state_bwd_tc_db_pick(kv);
@@ -783,7 +786,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
       auto krw = k_bwd_rows_tc_pick(prec, kv);
       if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-      krw<<<gc, rt, smr, st>>>(p, dout, w, sep | vnx << 1);
+      krw<<<gc, rt, smr, st>>>(p, dout, w, sep | vnx << 1 | dvf << 2);
       LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     }
     sm = smem_mat_tc(a->chunk, a->K, a->V);

@@ -162,13 +162,15 @@ static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0
 }
 /* The reverse sweeps' dVn epilogue, two adjacent outputs (row r, columns c, c + 1; in0, in1:
  * within V): -dVn into the shadow Vb (the dS update's operand), dVn into the global fp32 (the
- * mat kernel's tf32 operand) and bf16 copies (the rows kernel's, the same RN rounding as Vb's) */
+ * mat kernel's tf32 operand) and, gb non-NULL, bf16 copies (the rows kernel's, the same RN
+ * rounding as Vb's; after the two-tile-set sweep the rows kernel rounds the fp32 copy itself) */
 static __device__ __forceinline__ void st_dvn(const st_tiles<sbf> &t, int r, int c, float x0, float x1, int m,
                                               bool in0, bool in1, float *g, sbf *gb) {
   __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
   *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __hneg2(v);
   if (r < m && in0) {
     st2f(g, x0, x1, in1);
+    if (!gb) return;
     if (in1 && ((uintptr_t)gb & 3) == 0) *(__nv_bfloat162 *)gb = v;
     else {
       gb[0] = v.x;
@@ -332,7 +334,6 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
     int64_t t0 = w.ctab[4 * ci + 1];
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
-    bf16 *dvb0 = w.dvnb + (t0 * HV + h) * V + c0;
     int m = w.ctab[4 * ci + 2];
     __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
     st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
@@ -345,7 +346,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
     mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-            pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c); }));
+            pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */
     PH(4);

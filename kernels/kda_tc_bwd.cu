@@ -31,8 +31,9 @@ size_t smem_rows_tc(int64_t C, int64_t K, int64_t V) {   /* the precise layout, 
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V) {   /* with the separate dS tile R3 */
   return smem_rows_tc(C, K, V) + (size_t)r16(K) * (r16(V) + 4) * 4;
 }
-size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn) {   /* vn: Vn's own tile */
-  return (size_t)((2 * r16(K) + 2 * C + (vn ? C : 0)) * (r16(V) + 8)) * 2;
+size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn, int dvf) {   /* vn: Vn's own tile */
+  return (size_t)((2 * r16(K) + (dvf ? 0 : C) + C + (vn ? C : 0)) * (r16(V) + 8)) * 2 +
+         (size_t)(dvf ? C * (r16(V) + 4) * 4 : 0);
 }
 /* dgn[d] = sum_c S0[d,c] dS[d,c] in fp32 from global: one warp per row, fixed shuffle tree;
  * a warp takes 4 rows at once (a lane's 32 loads in flight), each row summed in the same order */
@@ -88,6 +89,27 @@ static __device__ __forceinline__ void rows_dgn_smem(const kp &p, const ws &w, i
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * K + d] = acc;
   }
 }
+/* rows r < R of an fp32 tile [.][ld] become bf16 (RN) in place: row r's bf16 copy starts at
+ * its fp32 row, so the bf16 tile has a pitch of 2 ld elements (ld = 8 mod 32 floats keeps
+ * ldmatrix conflict-free). A warp converts whole rows, reading a row into registers before
+ * writing it (the two overlap); cols <= 512, cols % 4 == 0 */
+static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int cols) {
+  int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x >> 5; r < R; r += BT / 32) {
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) x[u] = *(const float4 *)(t + r * ld + 4 * lane + 128 * u);
+    __syncwarp();
+    __nv_bfloat162 *o = (__nv_bfloat162 *)(t + r * ld);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (4 * lane + 128 * u < cols) {
+        int c2 = 2 * lane + 64 * u;
+        o[c2] = __floats2bfloat162_rn(x[u].x, x[u].y), o[c2 + 1] = __floats2bfloat162_rn(x[u].z, x[u].w);
+      }
+  }
+}
 /* the same sums from bf16 tiles (the fast variant's S0, dS, rows of VB, zero past V), a lane two
  * adjacent columns at a time */
 static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int chunk, int64_t h, const sbf *S0,
@@ -127,13 +149,18 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   };
   PH_INIT(3);
   if constexpr (!PR) {
-    /* sep & 2: Vn in a tile of its own (the host's choice, where it fits) */
-    const bool vnx = sep & 2;
-    sbf *dVn = (sbf *)sm, *S0 = dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
+    /* sep & 2: Vn in a tile of its own (the host's choice, where it fits); sep & 4 (dvf): dVn
+     * from its fp32 copy (the two-tile-set reverse sweep writes no bf16 one: its steps are the
+     * long sequential chain of the shapes it serves), staged into an fp32 tile [C][VS] and
+     * turned bf16 in place (pitch 2 VS) */
+    const bool vnx = sep & 2, dvf = sep & 4;
+    const int DV = dvf ? 2 * VS : VB;              /* dVn's bf16 pitch */
+    sbf *dVn = (sbf *)sm, *S0 = dvf ? (sbf *)(sm + C * VS) : dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
     sbf *Vn = vnx ? dO + C * VB : dVn;
     int64_t sr = ((int64_t)cb * HV + h) * K;       /* the chunk's states, in rows of V */
     cp_tile_bf16(S0, VB, K16, V16, (int)K, V, w.h, sr, 1, 0);
-    cp_tile_bf16(dVn, VB, C, V16, n, V, w.dvnb, t0, HV, h);
+    if (dvf) cp_tile_f32(sm, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
+    else cp_tile_bf16(dVn, VB, C, V16, n, V, w.dvnb, t0, HV, h);
     cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
     cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
     if (vnx) {
@@ -145,10 +172,14 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     __syncthreads();
     PH(0);
     rows_dgn_b(p, w, cb, h, S0, dS, VB);
+    if (dvf) {
+      rows_to_bf16(sm, C, VS, V16);
+      __syncthreads();
+    }
     PH(1);
     mma_ldm(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
     PH(2);
-    mma_ldm(C, K16, bt{dVn, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
+    mma_ldm(C, K16, bt{dVn, DV, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
     if (!vnx) {
       __syncthreads();                             /* every warp done with dVn */
       cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
