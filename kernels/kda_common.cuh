@@ -210,6 +210,7 @@ size_t smem_state_bwd_tc_db(int64_t C, int64_t K);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn, int dvf);
+enum { ROWS_SEP = 1, ROWS_VN = 2, ROWS_DVF = 4 };   /* k_bwd_rows_tc's layout bits (kda_tc_bwd.cu) */
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);

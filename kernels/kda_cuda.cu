@@ -744,6 +744,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       vnx = s1 <= lim && (2 * s1 <= per_sm || 2 * s0 > per_sm) && !(rv && strcmp(rv, "0") == 0);
       smr = vnx ? s1 : s0;
     }
+    const int lay = (sep ? ROWS_SEP : 0) | (vnx ? ROWS_VN : 0) | (dvf ? ROWS_DVF : 0);
     /* 256 threads when two blocks' tiles fit an SM (small heads): at 512 the fast kernel's 84
      * registers a thread allow one block an SM. Measured on the H200 (KDA_KDA_THREADS=rows=256):
      * fwd+bwd (32,512,4,64) 0.915 -> 0.893 ms, (8,512,4,64) 0.285 -> 0.281; at K = 128, one
@@ -758,7 +759,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       auto kf = k_bwd_flow_pick(kv);
       if (smem_opt_in((const void *)kf, smf, a, op, "k_bwd_flow")) return -1;
       unsigned nb = (unsigned)(ns + NTu * a->HV);
-      kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, sep | vnx << 1 | dvf << 2, ns, nz, w.flow + 1 + NTu * a->HV);
+      kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, lay, ns, nz, w.flow + 1 + NTu * a->HV);
       LAUNCH_OK("k_bwd_flow", "kda_kda_cuda_backward");
     } else if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
       auto kdb = k_state_bwd_tc_db_pick(kv);
@@ -786,7 +787,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
       auto krw = k_bwd_rows_tc_pick(prec, kv);
       if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-      krw<<<gc, rt, smr, st>>>(p, dout, w, sep | vnx << 1 | dvf << 2);
+      krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
       LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
     }
     sm = smem_mat_tc(a->chunk, a->K, a->V);

@@ -130,7 +130,9 @@ static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int 
   }
 }
 template <bool PR, int KV>
-static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int sep, int cb, int64_t h) {
+/* lay: the host's layout choice, ROWS_SEP (precise: dS in a tile of its own), ROWS_VN (fast: Vn
+ * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy) */
+static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int lay, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -152,11 +154,10 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   };
   PH_INIT(3);
   if constexpr (!PR) {
-    /* sep & 2: Vn in a tile of its own (the host's choice, where it fits); sep & 4 (dvf): dVn
-     * from its fp32 copy (the two-tile-set reverse sweep writes no bf16 one: its steps are the
-     * long sequential chain of the shapes it serves), staged into an fp32 tile [C][VS] and
-     * turned bf16 in place (pitch 2 VS) */
-    const bool vnx = sep & 2, dvf = sep & 4;
+    /* dvf: dVn from its fp32 copy (the two-tile-set reverse sweep writes no bf16 one: its steps
+     * are the long sequential chain of the shapes it serves), staged into an fp32 tile [C][VS]
+     * and turned bf16 in place (pitch 2 VS) */
+    const bool vnx = lay & ROWS_VN, dvf = lay & ROWS_DVF;
     const int DV = dvf ? 2 * VS : VB;              /* dVn's bf16 pitch */
     sbf *dVn = (sbf *)sm, *S0 = dvf ? (sbf *)(sm + C * VS) : dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
     sbf *Vn = vnx ? dO + C * VB : dVn;
@@ -194,7 +195,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   } else {
     float *R1 = sm, *R2 = R1 + K16 * VS;
     sbf *dO = (sbf *)(R2 + C * VS);
-    sep &= 1;
+    const bool sep = lay & ROWS_SEP;
     float *R3 = sep ? (float *)(dO + C * VB) : R1;
     const float *gS0 = w.h + ((int64_t)cb * HV + h) * K * V;
     const float *gdS = w.dh + ((int64_t)cb * HV + h) * K * V;
@@ -225,8 +226,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   PH(4);
 }
 template <bool PR, int KV>
-__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int sep) {
-  bwd_rows_tc<PR, KV>(p, dout, w, sep, blockIdx.x, blockIdx.y);
+__global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int lay) {
+  bwd_rows_tc<PR, KV>(p, dout, w, lay, blockIdx.x, blockIdx.y);
 }
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
   static const rows_tc_fn t[2][3] = {KV_SLOTS(k_bwd_rows_tc, false), KV_SLOTS(k_bwd_rows_tc, true)};
@@ -258,7 +259,7 @@ state_bwd_db_fn k_state_bwd_tc_db_pick(int kv) {
  * (test_kda_cuda). */
 template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_flow(kp p, const void *dout, ws w, const float *dht, float *dh0,
-                                                    int sep, int ns, int nz, int *fb) {
+                                                    int lay, int ns, int nz, int *fb) {
   __shared__ int role;
   if (!threadIdx.x) role = atomicAdd(fb, 1);
   __syncthreads();
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_flow(kp p, const void *dout, ws 
       *f = 0;
     }
     __syncthreads();
-    bwd_rows_tc<false, KV>(p, dout, w, sep, (int)cb, h);
+    bwd_rows_tc<false, KV>(p, dout, w, lay, (int)cb, h);
   }
   if (!threadIdx.x && atomicAdd(fb + 1, 1) == (int)gridDim.x - 1) fb[0] = 0, fb[1] = 0;
 }
