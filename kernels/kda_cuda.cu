@@ -541,7 +541,7 @@ static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
   int lim = smem_optin_limit();
-  if (!lim || a->V > 512) return 0;                /* the value widths version 2 is built for */
+  if (!lim || a->V > 512) return 0;                /* rows_to_bf16 converts rows of <= 512 */
   size_t need = smem_intra_tc(a->chunk, a->K, a->V);
   size_t st = smem_state_tc(a->chunk, a->K, backward && prec);
   if (st > need) need = st;

@@ -129,9 +129,9 @@ static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int 
     if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * p.K + d] = acc;
   }
 }
-template <bool PR, int KV>
 /* lay: the host's layout choice, ROWS_SEP (precise: dS in a tile of its own), ROWS_VN (fast: Vn
  * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy) */
+template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int lay, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
   kv_fix<KV, NTC>(p);
