@@ -435,6 +435,8 @@ static void preload_kernels(int kv) {
   ld((const void *)k_state_bwd_tc_db_pick(kv));
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
+  for (int nb : {NTC, 256})
+    if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv, nb)), ld((const void *)k_state_bwd_tc_wide_pick(kv, nb));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
@@ -492,8 +494,21 @@ static int sm_count(void) {
 }
 /* version 2's state passes: one block per (sequence, value head, BVT value columns), the
  * value tiles of a head adjacent (st_block in kda_tc.cu) */
-static dim3 state_grid(const kda_kda_args *a) {
-  return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + BVT - 1) / BVT)));
+static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
+  return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + bv - 1) / bv)));
+}
+/* The wide state passes (kda_state_wide.cu: 64 V columns a block, the state in registers)
+ * for the compiled shapes (kv) of the fast path, where the 32-column grid needs more than one
+ * wave of two blocks an SM: half the blocks, each step twice the columns for the same
+ * barriers and staged chunk tiles. Returns the block size (NTC; KDA_KDA_WIDE_NT=256 for
+ * measuring), 0 for the narrow passes. KDA_KDA_WIDE=0 off, =1 wherever compiled (read per
+ * call: test_kda_cuda compares the two bit for bit). */
+static int use_wide(const kda_kda_args *a, int kv) {
+  const char *e = getenv("KDA_KDA_WIDE"), *nt = getenv("KDA_KDA_WIDE_NT");
+  if (!kv || (e && strcmp(e, "0") == 0)) return 0;
+  int nb = nt && atoi(nt) == 256 ? 256 : NTC, nsm = sm_count();
+  if (e && strcmp(e, "1") == 0) return nb;
+  return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm ? nb : 0;
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -651,6 +666,15 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * (1,8192,16,128) 1.295 -> 1.228 ms, fwd+bwd 3.813 -> 3.665; (8,512,4,64) fwd 0.088 -> 0.084,
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
+    if (int nb = use_wide(a, kv)) {
+      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
+      size_t smw = smem_state_wide(a->chunk, a->K, 1);
+      auto kern = k_state_fwd_tc_wide_pick(kv, nb);
+      if (smem_opt_in((const void *)kern, smw, a, op, "k_state_fwd_tc_wide")) return -1;
+      kern<<<state_grid(a, BVW), nb, smw, st>>>(p, w, h0, o, ht);
+      LAUNCH_OK("k_state_fwd_tc_wide", "kda_kda_cuda_forward");
+      return 0;
+    }
     if (use_state_db(a, smd) && use_flow(a, "intra", "state_fwd")) {
       /* intra and the state pass as one grid (k_fwd_flow in kda_tc.cu: the state blocks follow
        * the intra blocks chunk by chunk instead of starting after the last); the flags it
@@ -728,7 +752,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * copies, not after dW) where it fits without costing a second block an SM; KDA_KDA_ROWS_VN=0
      * off (both read per call: the test's fourth path turns both off) */
     size_t lim = (size_t)smem_optin_limit(), per_sm = smem_per_sm();
-    int sep = 0, vnx = 0, dvf = 0;
+    int sep = 0, vnx = 0, dvf = 0, wide = !prec && kept ? use_wide(a, kv) : 0;
     size_t smr;
     if (prec) {
       const char *rs = getenv("KDA_KDA_ROWS_SEP");
@@ -739,7 +763,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       /* dvf: after the two-tile-set reverse sweep (alone or in the flow kernel), which writes no
        * bf16 dVn, the rows kernel reads the fp32 one */
       const char *rv = getenv("KDA_KDA_ROWS_VN");
-      dvf = kept && use_state_db(a, smd);
+      dvf = kept && !wide && use_state_db(a, smd);
       size_t s0 = smem_rows_tc_fast(a->chunk, a->K, a->V, 0, dvf), s1 = smem_rows_tc_fast(a->chunk, a->K, a->V, 1, dvf);
       vnx = s1 <= lim && (2 * s1 <= per_sm || 2 * s0 > per_sm) && !(rv && strcmp(rv, "0") == 0);
       smr = vnx ? s1 : s0;
@@ -752,8 +776,14 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * needs 46 registers, so two blocks of 512 fit: 512 there, (32,512,4,64) 0.655 -> 0.649 ms,
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
-    int flow = !prec && kept && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    if (flow) {                                    /* the reverse sweep and rows as one grid */
+    int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
+    if (wide) {                                    /* the kept fast reverse sweep, 64 columns a block */
+      size_t smw = smem_state_wide(a->chunk, a->K, 0);
+      auto kw = k_state_bwd_tc_wide_pick(kv, wide);
+      if (smem_opt_in((const void *)kw, smw, a, op, "k_state_bwd_tc_wide")) return -1;
+      kw<<<state_grid(a, BVW), wide, smw, st>>>(p, w, dout, dht, dh0);
+      LAUNCH_OK("k_state_bwd_tc_wide", "kda_kda_cuda_backward");
+    } else if (flow) {                                    /* the reverse sweep and rows as one grid */
       int ns = (int)state_grid(a).x, nz = (int)((a->V + BVT - 1) / BVT);
       size_t smf = smr > smd ? smr : smd;
       auto kf = k_bwd_flow_pick(kv);

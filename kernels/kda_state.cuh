@@ -14,6 +14,7 @@ template <class T> struct st_tiles {
   float *S, *Vn, *dV, *en;
   sbf *Sb, *Vb;   /* bf16 layout only: shadows of S and of Vn (forward sweeps) / -dVn (reverse) */
   int KB, CB, SB, DB, K16;
+  int bv;         /* V columns a block: BVT, or BVW in the wide passes (kda_state_wide.cu) */
 };
 /* The bf16 layout (the fast passes, ldmatrix operands) keeps bf16 shadows of the fp32 S and
  * Vn written by the epilogues that form them (the same RN rounding the MMA operands had), and
@@ -22,7 +23,7 @@ template <class T> struct st_tiles {
 template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm, bool dO = true) {
   st_tiles<T> t;
   t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
-  t.DB = BVT + 8;
+  t.DB = BVT + 8, t.bv = BVT;
   T *b = (T *)sm;
   t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
   if constexpr (std::is_same<T, sbf>::value) {
@@ -94,20 +95,20 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   }
   if (parts & SG_U) {
     const float *Ug = w.U + r0 * V + c0;
-    cp_tile_f32(t.Vn, t.SB, C, BVT, m, (int)(V - c0 < BVT ? V - c0 : BVT), V % 4 == 0,
+    cp_tile_f32(t.Vn, t.SB, C, t.bv, m, (int)(V - c0 < t.bv ? V - c0 : t.bv), V % 4 == 0,
                 [&](int i) { return Ug + i * HVV; });
   }
   if (parts & SG_DO) {
     const bf16 *g = (const bf16 *)dout + r0 * V + c0;
     if (V % 8 == 0 && al16(dout)) {
-      for (int e = threadIdx.x; e < C * (BVT / 8); e += BT) {
-        int i = e / (BVT / 8), c = (e % (BVT / 8)) << 3;
+      for (int e = threadIdx.x; e < C * (t.bv / 8); e += BT) {
+        int i = e / (t.bv / 8), c = (e % (t.bv / 8)) << 3;
         bool ok = i < m && c0 + c < V;
         cp_async16(t.dO + i * t.DB + c, g + (ok ? i * HVV + c : 0), ok);
       }
     } else
-      for (int e = threadIdx.x; e < C * BVT; e += BT) {
-        int i = e / BVT, c = e % BVT;
+      for (int e = threadIdx.x; e < C * t.bv; e += BT) {
+        int i = e / t.bv, c = e % t.bv;
         t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[i * HVV + c] : __float2bfloat16(0.f);
       }
   }
@@ -146,14 +147,14 @@ static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0
   if constexpr (std::is_same<T, sbf>::value) {
     sbf *d = (sbf *)dst + base + c0;
     if (p.V % 8 == 0) {   /* rows 16-byte aligned; a group of 8 columns all in or all out */
-      for (int e = threadIdx.x; e < p.K * (BVT / 8); e += BT) {
-        int r = e / (BVT / 8), c = (e % (BVT / 8)) * 8;
+      for (int e = threadIdx.x; e < p.K * (t.bv / 8); e += BT) {
+        int r = e / (t.bv / 8), c = (e % (t.bv / 8)) * 8;
         if (c0 + c < p.V) *(uint4 *)(d + r * p.V + c) = *(const uint4 *)(t.Sb + r * t.DB + c);
       }
       return;
     }
-    for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
-      int r = e / BVT, c = e % BVT;
+    for (int e = threadIdx.x; e < p.K * t.bv; e += BT) {
+      int r = e / t.bv, c = e % t.bv;
       if (c0 + c < p.V) d[r * p.V + c] = t.Sb[r * t.DB + c];
     }
     return;
@@ -196,7 +197,7 @@ static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, i
   if constexpr (std::is_same<T, sbf>::value) {
     sbf *vn0 = vn ? (sbf *)vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
     const int HVV = (int)(p.HV * p.V);
-    mma_ldm(p.C, BVT, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
+    mma_ldm(p.C, t.bv, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
             pairs2([&](int r, int c, float x0, float x1) {
               float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
               __nv_bfloat162 v = __floats2bfloat162_rn(u.x - x0, u.y - x1);
@@ -243,10 +244,10 @@ struct st_blk {
   int64_t h, c0, sbase;   /* value head, first V column, offset of (n, h)'s K x V state */
   int cf, cl;             /* the sequence's chunks [cf, cl) */
 };
-static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w, int64_t b = blockIdx.x) {
-  int64_t nz = (p.V + BVT - 1) / BVT, nh = b / nz, n = nh / p.HV;
+static __device__ __forceinline__ st_blk st_block(const kp &p, const ws &w, int64_t b = blockIdx.x, int bv = BVT) {
+  int64_t nz = (p.V + bv - 1) / bv, nh = b / nz, n = nh / p.HV;
   st_blk s;
-  s.c0 = (b % nz) * BVT, s.h = nh % p.HV, s.sbase = nh * p.K * p.V;
+  s.c0 = (b % nz) * bv, s.h = nh % p.HV, s.sbase = nh * p.K * p.V;
   s.cf = w.sfirst[n], s.cl = w.sfirst[n + 1];
   return s;
 }
