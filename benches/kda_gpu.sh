@@ -1,7 +1,7 @@
 #!/bin/sh
 # kda_gpu.sh — build (if needed) and run the CUDA KDA test, then the bench, on the H200.
 # Builds on the device with its nvcc: kernels/kda_cuda.cu (pipeline, host side), kernels/kda_v1.cu
-# (version 1 kernels, decode), kernels/kda_tc.cu and kda_tc_bwd.cu (version 2 tensor-core kernels),
+# (version 1 kernels, decode), kernels/kda_tc.cu, kda_tc_bwd.cu and kda_state_wide.cu (version 2 tensor-core kernels),
 # kernels/kda_ops.cu (the backend glue + CUDA conv1d), the CPU reference pieces the test
 # compares against (core/kda_ref.c, core/cpu_kda.c, core/util.c).
 # Logs go to $OUT (if set, else build/kda_gpu): kda_ptxas.log (registers/spills/smem per
@@ -29,20 +29,21 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_v1.cu -o "$B/kda_v1.o" 2>> "$LOG/kda_ptxas.log"
   "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_tc.cu -o "$B/kda_tc.o" 2>> "$LOG/kda_ptxas.log"
   "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd.o" 2>> "$LOG/kda_ptxas.log"
+  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_state_wide.cu -o "$B/kda_state_wide.o" 2>> "$LOG/kda_ptxas.log"
   "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_ops.cu -o "$B/kda_ops.o" 2>> "$LOG/kda_ptxas.log"
   grep -E "Compiling entry|Used|spill" "$LOG/kda_ptxas.log" | grep -v "0 bytes spill stores, 0 bytes spill loads" || true
-  "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_ops.o" "$B/cpu_kda.o" \
+  "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_state_wide.o" "$B/kda_ops.o" "$B/cpu_kda.o" \
     "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda"
-  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench"
+  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_state_wide.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
   "$NVCC" $NVFLAGS -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o"
   "$NVCC" $NVFLAGS -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o"
-  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
+  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_state_wide.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
 fi
 if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then
   CUOBJ=$(command -v cuobjdump || echo "$(dirname "$NVCC")/cuobjdump")
   { echo "HMMA per kernel (version 2 kernels must show HMMA.16816.F32.BF16 / HMMA.1684.F32.TF32):"
-    for o in "$B/kda_tc.o" "$B/kda_tc_bwd.o"; do "$CUOBJ" --dump-sass "$o"; done | awk '/Function :/ {f=$3} /HMMA/ {n[f]++} END {for (k in n) print n[k], k}'
+    for o in "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_state_wide.o"; do "$CUOBJ" --dump-sass "$o"; done | awk '/Function :/ {f=$3} /HMMA/ {n[f]++} END {for (k in n) print n[k], k}'
   } > "$LOG/kda_sass.log" 2>&1 || true
   cat "$LOG/kda_sass.log"
 fi
