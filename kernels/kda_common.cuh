@@ -167,6 +167,7 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * backward"); the host picks it when those gradients are asked for (kda_cuda.cu). */
 #define BVT 32                      /* V columns per version-2 state-pass block */
 #define BVW 64                      /* the wide state passes' (kda_state_wide.cu) */
+#define NTW 256                     /* their threads */
 /* Phase timers (profiling builds only: -DKDA_PHASES, benches/kda_gpu.sh's kda_bench_phases).
  * PH_INIT(kernel) starts a block's clock; PH(phase) waits for the block (an extra barrier, so
  * a timed build runs a little slower) and adds the cycles since the last mark to
@@ -246,9 +247,9 @@ fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
 typedef void (*bwd_flow_fn)(kp, const void *, ws, const float *, float *, int, int, int, int *);
 bwd_flow_fn k_bwd_flow_pick(int kv);
 /* the wide state passes (kda_state_wide.cu: 64 V columns a block, the state in registers; the
- * compiled shapes only, NULL for kv = 0; nb threads, NTC or 256): the forward pass, the kept
- * fast reverse sweep */
+ * compiled shapes only, NULL for kv = 0; NTW threads): the forward pass, the kept fast
+ * reverse sweep */
 size_t smem_state_wide(int64_t C, int64_t K, int fwd);
-state_fwd_fn k_state_fwd_tc_wide_pick(int kv, int nb);
-state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv, int nb);
+state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
+state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv);
 #endif

@@ -435,8 +435,7 @@ static void preload_kernels(int kv) {
   ld((const void *)k_state_bwd_tc_db_pick(kv));
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
-  for (int nb : {NTC, 256})
-    if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv, nb)), ld((const void *)k_state_bwd_tc_wide_pick(kv, nb));
+  if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
@@ -500,15 +499,17 @@ static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
 /* The wide state passes (kda_state_wide.cu: 64 V columns a block, the state in registers)
  * for the compiled shapes (kv) of the fast path, where the 32-column grid needs more than one
  * wave of two blocks an SM: half the blocks, each step twice the columns for the same
- * barriers and staged chunk tiles. Returns the block size (NTC; KDA_KDA_WIDE_NT=256 for
- * measuring), 0 for the narrow passes. KDA_KDA_WIDE=0 off, =1 wherever compiled (read per
- * call: test_kda_cuda compares the two bit for bit). */
+ * barriers and staged chunk tiles. Measured on the H200 (one run, against KDA_KDA_WIDE=0):
+ * fwd+bwd (8,2048,16,128) 3.911-3.928 -> 3.693-3.709 ms, fwd 1.239-1.251 -> 1.153-1.155 at
+ * 256 threads (NTW); at 512 threads (64 registers, ~100 bytes of spill at K = 128) 3.745-3.760.
+ * KDA_KDA_WIDE=0 off, =1 wherever compiled (read per call: test_kda_cuda compares the two bit
+ * for bit). */
 static int use_wide(const kda_kda_args *a, int kv) {
-  const char *e = getenv("KDA_KDA_WIDE"), *nt = getenv("KDA_KDA_WIDE_NT");
+  const char *e = getenv("KDA_KDA_WIDE");
   if (!kv || (e && strcmp(e, "0") == 0)) return 0;
-  int nb = nt && atoi(nt) == 256 ? 256 : NTC, nsm = sm_count();
-  if (e && strcmp(e, "1") == 0) return nb;
-  return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm ? nb : 0;
+  if (e && strcmp(e, "1") == 0) return 1;
+  int nsm = sm_count();
+  return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm;
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -666,12 +667,12 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * (1,8192,16,128) 1.295 -> 1.228 ms, fwd+bwd 3.813 -> 3.665; (8,512,4,64) fwd 0.088 -> 0.084,
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
-    if (int nb = use_wide(a, kv)) {
+    if (use_wide(a, kv)) {
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
       size_t smw = smem_state_wide(a->chunk, a->K, 1);
-      auto kern = k_state_fwd_tc_wide_pick(kv, nb);
+      auto kern = k_state_fwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kern, smw, a, op, "k_state_fwd_tc_wide")) return -1;
-      kern<<<state_grid(a, BVW), nb, smw, st>>>(p, w, h0, o, ht);
+      kern<<<state_grid(a, BVW), NTW, smw, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_wide", "kda_kda_cuda_forward");
       return 0;
     }
@@ -779,9 +780,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
     if (wide) {                                    /* the kept fast reverse sweep, 64 columns a block */
       size_t smw = smem_state_wide(a->chunk, a->K, 0);
-      auto kw = k_state_bwd_tc_wide_pick(kv, wide);
+      auto kw = k_state_bwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kw, smw, a, op, "k_state_bwd_tc_wide")) return -1;
-      kw<<<state_grid(a, BVW), wide, smw, st>>>(p, w, dout, dht, dh0);
+      kw<<<state_grid(a, BVW), NTW, smw, st>>>(p, w, dout, dht, dh0);
       LAUNCH_OK("k_state_bwd_tc_wide", "kda_kda_cuda_backward");
     } else if (flow) {                                    /* the reverse sweep and rows as one grid */
       int ns = (int)state_grid(a).x, nz = (int)((a->V + BVT - 1) / BVT);

@@ -11,7 +11,10 @@
  * the pass. The fp32 state is what did not fit: at 64 columns the narrow layout is 139 KB at
  * K = 128 (one block an SM); with S in the MMA accumulators' registers (warp w owns the 16 x 16
  * tiles w + u NW of the K x 64 state, 8 values a tile a thread) it is 104.5 KB forward, 96.5 KB
- * reverse: two blocks an SM, as the narrow passes. Same products of the same operands in the
+ * reverse: two blocks an SM, as the narrow passes. NTW = 256 threads (8 warps, four state tiles
+ * a warp at K = 128, 127 registers): at 512 (two tiles a warp) the 64-register bound of two
+ * blocks an SM spilled ~100 bytes and the passes were slower (H200, fwd+bwd (8,2048,16,128)
+ * 3.75 ms against 3.70; kda_cuda.cu's use_wide has the gain). Same products of the same operands in the
  * same k order as k_state_fwd_tc / k_state_bwd_tc (a 16 x 16 tile's sums do not depend on how
  * many columns a block holds), the same update e^{G_last} S + x: bit-identical outputs
  * (test_kda_cuda compares the two on every compiled case). */
@@ -114,12 +117,12 @@ static __device__ __forceinline__ void st_reg_upd(const st_tiles<sbf> &t, st_reg
   });
 }
 
-/* The forward pass (k_state_fwd_tc's steps and cp.async groups at 64 columns, NTC threads) */
-template <int KV, int NB>
-__global__ void __launch_bounds__(NB, 2) k_state_fwd_tc_wide(kp p, ws w, const float *h0, void *o, float *ht) {
+/* The forward pass (k_state_fwd_tc's steps and cp.async groups at 64 columns) */
+template <int KV>
+__global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV, NB>(p);
-  constexpr int NW = NB / 32, NU = (KV / 16) * (BVW / 16) / NW;
+  kv_fix<KV, NTW>(p);
+  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
@@ -161,12 +164,12 @@ __global__ void __launch_bounds__(NB, 2) k_state_fwd_tc_wide(kp p, ws w, const f
 
 /* The kept reverse sweep (state_bwd_tc's fast steps and cp.async groups at 64 columns): dS in
  * registers, dVn in fp32 and bf16 (st_dvn) as there */
-template <int KV, int NB>
-__global__ void __launch_bounds__(NB, 2) k_state_bwd_tc_wide(kp p, ws w, const void *dout, const float *dht,
+template <int KV>
+__global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const void *dout, const float *dht,
                                                               float *dh0) {
   extern __shared__ __align__(16) float sm[];
-  kv_fix<KV, NB>(p);
-  constexpr int NW = NB / 32, NU = (KV / 16) * (BVW / 16) / NW;
+  kv_fix<KV, NTW>(p);
+  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);
@@ -207,12 +210,10 @@ __global__ void __launch_bounds__(NB, 2) k_state_bwd_tc_wide(kp p, ws w, const v
   if (dh0) st_reg_st<NU, NW>(p, dh0, b.sbase, c0, t, R);
 }
 
-/* kv = 64 or 128 (the compiled shapes; NULL otherwise), nb threads (NTC or 256) */
-state_fwd_fn k_state_fwd_tc_wide_pick(int kv, int nb) {
-  if (nb == 256) return kv == 128 ? k_state_fwd_tc_wide<128, 256> : kv == 64 ? k_state_fwd_tc_wide<64, 256> : nullptr;
-  return kv == 128 ? k_state_fwd_tc_wide<128, NTC> : kv == 64 ? k_state_fwd_tc_wide<64, NTC> : nullptr;
+/* kv = 64 or 128 (the compiled shapes); NULL otherwise */
+state_fwd_fn k_state_fwd_tc_wide_pick(int kv) {
+  return kv == 128 ? k_state_fwd_tc_wide<128> : kv == 64 ? k_state_fwd_tc_wide<64> : nullptr;
 }
-state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv, int nb) {
-  if (nb == 256) return kv == 128 ? k_state_bwd_tc_wide<128, 256> : kv == 64 ? k_state_bwd_tc_wide<64, 256> : nullptr;
-  return kv == 128 ? k_state_bwd_tc_wide<128, NTC> : kv == 64 ? k_state_bwd_tc_wide<64, NTC> : nullptr;
+state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv) {
+  return kv == 128 ? k_state_bwd_tc_wide<128> : kv == 64 ? k_state_bwd_tc_wide<64> : nullptr;
 }

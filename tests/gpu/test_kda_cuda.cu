@@ -10,8 +10,9 @@
  * KDA, KDA_BWD, CONV1D, CONV1D_BWD against the CPU backend's kda_cpu_kda_node, with f32 and
  * bf16 storage (and an f32 packed gradient output, as the plan makes it), plus run-to-run
  * bit-identity of the backward (no float atomics); on the tensor-core path every case's kept
- * forward and backward also run with the flow kernels forced (KDA_KDA_FLOW=1) and off, bit for
- * bit the same. Every KDA case runs four times: the
+ * forward and backward also run with the flow kernels forced (KDA_KDA_FLOW=1) and off, and (the
+ * compiled K = V = 64 / 128 shapes) with the wide state passes forced (KDA_KDA_WIDE=1) and off,
+ * bit for bit the same. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
@@ -347,15 +348,14 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     }
     /* the wide state passes (kda_cuda.cu use_wide: 64 V columns a block, the state in registers;
      * the compiled K = V = 64 / 128 shapes, by default only where the narrow grid is more than a
-     * wave), forced (KDA_KDA_WIDE=1, at both block sizes) against the narrow passes
-     * (KDA_KDA_WIDE=0): a kept forward and its backward, the same bytes */
+     * wave), forced (KDA_KDA_WIDE=1) against the narrow passes (KDA_KDA_WIDE=0): a kept forward
+     * and its backward, the same bytes */
     const char *kve = getenv("KDA_KDA_KV");
     bool kvc = a.chunk == 64 && a.K == a.V && (a.K == 64 || a.K == 128) && !(kve && !strcmp(kve, "0"));
     if (!(se && *se && strcmp(se, "0")) && kvc && !pk && !rc) {
-      std::vector<std::vector<char>> got[3];
-      const char *mode[3][2] = {{"0", "512"}, {"1", "512"}, {"1", "256"}};
-      for (int wd = 0; wd < 3 && !rc; wd++) {
-        setenv("KDA_KDA_WIDE", mode[wd][0], 1), setenv("KDA_KDA_WIDE_NT", mode[wd][1], 1);
+      std::vector<std::vector<char>> got[2];
+      for (int wd = 0; wd < 2 && !rc; wd++) {
+        setenv("KDA_KDA_WIDE", wd ? "1" : "0", 1);
         CK(cudaMemset(wsd, 0x7f, wsb));
         rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
         CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
@@ -368,12 +368,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
           CK(cudaMemcpy(got[wd].back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
         }
       }
-      unsetenv("KDA_KDA_WIDE"), unsetenv("KDA_KDA_WIDE_NT");
-      same = !rc && got[0] == got[1] && got[0] == got[2];
-      if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1, 512 and 256 threads) = narrow, bit for bit\n", name), npass++;
-      else printf("FAIL - %s: wide state passes differ from narrow (512 %s, 256 %s)%s%s\n", name,
-                  got[0] == got[1] ? "same" : "differ", got[0] == got[2] ? "same" : "differ", rc ? ": " : "",
-                  rc ? kda_last_error() : ""), nfail++;
+      unsetenv("KDA_KDA_WIDE");
+      same = !rc && got[0] == got[1];
+      if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
