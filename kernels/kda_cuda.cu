@@ -500,8 +500,8 @@ static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
  * for the compiled shapes (kv) of the fast path, where the 32-column grid needs more than one
  * wave of two blocks an SM: half the blocks, each step twice the columns for the same
  * barriers and staged chunk tiles. Measured on the H200 (one run, against KDA_KDA_WIDE=0):
- * fwd+bwd (8,2048,16,128) 3.911-3.928 -> 3.693-3.709 ms, fwd 1.239-1.251 -> 1.153-1.155 at
- * 256 threads (NTW); at 512 threads (64 registers, ~100 bytes of spill at K = 128) 3.745-3.760.
+ * fwd+bwd (8,2048,16,128) 3.922-3.928 -> 3.709 ms, fwd 1.246-1.257 -> 1.160-1.163 at 256
+ * threads (NTW); at 512 threads (64 registers, ~100 bytes of spill at K = 128) 3.759-3.760.
  * KDA_KDA_WIDE=0 off, =1 wherever compiled (read per call: test_kda_cuda compares the two bit
  * for bit). */
 static int use_wide(const kda_kda_args *a, int kv) {

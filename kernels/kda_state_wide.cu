@@ -14,7 +14,7 @@
  * reverse: two blocks an SM, as the narrow passes. NTW = 256 threads (8 warps, four state tiles
  * a warp at K = 128, 127 registers): at 512 (two tiles a warp) the 64-register bound of two
  * blocks an SM spilled ~100 bytes and the passes were slower (H200, fwd+bwd (8,2048,16,128)
- * 3.75 ms against 3.70; kda_cuda.cu's use_wide has the gain). Same products of the same operands in the
+ * 3.76 ms against 3.71; kda_cuda.cu's use_wide has the gain). Same products of the same operands in the
  * same k order as k_state_fwd_tc / k_state_bwd_tc (a 16 x 16 tile's sums do not depend on how
  * many columns a block holds), the same update e^{G_last} S + x: bit-identical outputs
  * (test_kda_cuda compares the two on every compiled case). */
