@@ -502,14 +502,16 @@ static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
  * barriers and staged chunk tiles. Measured on the H200 (one run, against KDA_KDA_WIDE=0):
  * fwd+bwd (8,2048,16,128) 3.922-3.928 -> 3.709 ms, fwd 1.246-1.257 -> 1.160-1.163 at 256
  * threads (NTW); at 512 threads (64 registers, ~100 bytes of spill at K = 128) 3.759-3.760.
- * KDA_KDA_WIDE=0 off, =1 wherever compiled (read per call: test_kda_cuda compares the two bit
- * for bit). */
+ * Forced where the narrow grid is one wave they lost ((8,512,4,64) 0.159 -> 0.185 ms: a pass
+ * is then one block's chain of steps), hence the rule; they also need two blocks' tiles to fit
+ * an SM (not on sm_80's 164 KB at K = 128). KDA_KDA_WIDE=0 off, =1 wherever compiled (read per
+ * call: test_kda_cuda compares the two bit for bit). */
 static int use_wide(const kda_kda_args *a, int kv) {
   const char *e = getenv("KDA_KDA_WIDE");
   if (!kv || (e && strcmp(e, "0") == 0)) return 0;
   if (e && strcmp(e, "1") == 0) return 1;
   int nsm = sm_count();
-  return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm;
+  return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm && 2 * smem_state_wide(a->chunk, a->K, 1) <= smem_per_sm();
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
