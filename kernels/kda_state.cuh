@@ -191,26 +191,31 @@ static __device__ __forceinline__ void st_s_upd2(const st_tiles<T> &t, int r, in
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
  * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand) and stores
  * that, in bf16 (as st_keep: the backward reads Vn only as a bf16 operand). */
+/* the bf16 layout's Vn epilogue (two adjacent outputs x of W S at row r, columns c, c + 1) */
+static __device__ __forceinline__ auto st_vn_epi(const kp &p, const st_tiles<sbf> &t, int64_t t0, int m,
+                                                 int64_t h, int64_t c0, float *vn) {
+  sbf *vn0 = vn ? (sbf *)vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
+  const int HVV = (int)(p.HV * p.V);
+  const int64_t V = p.V;
+  return [=](int r, int c, float x0, float x1) {
+    float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
+    __nv_bfloat162 v = __floats2bfloat162_rn(u.x - x0, u.y - x1);
+    *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = v;
+    if (vn0 && r < m && c0 + c < V) {
+      sbf *d = vn0 + r * HVV + c;
+      if (c0 + c + 1 < V && ((uintptr_t)d & 3) == 0) *(__nv_bfloat162 *)d = v;
+      else {
+        d[0] = v.x;
+        if (c0 + c + 1 < V) d[1] = v.y;
+      }
+    }
+  };
+}
 template <int P, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
-    sbf *vn0 = vn ? (sbf *)vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
-    const int HVV = (int)(p.HV * p.V);
-    mma_ldm(p.C, t.bv, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,
-            pairs2([&](int r, int c, float x0, float x1) {
-              float2 u = *(const float2 *)(t.Vn + r * t.SB + c);
-              __nv_bfloat162 v = __floats2bfloat162_rn(u.x - x0, u.y - x1);
-              *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = v;
-              if (vn0 && r < m && c0 + c < p.V) {
-                sbf *d = vn0 + r * HVV + c;
-                if (c0 + c + 1 < p.V && ((uintptr_t)d & 3) == 0) *(__nv_bfloat162 *)d = v;
-                else {
-                  d[0] = v.x;
-                  if (c0 + c + 1 < p.V) d[1] = v.y;
-                }
-              }
-            }));
+    mma_ldm(p.C, t.bv, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0, pairs2(st_vn_epi(p, t, t0, m, h, c0, vn)));
     return;
   }
   mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },

@@ -80,16 +80,16 @@ static __device__ __forceinline__ void st_reg_st(const kp &p, float *dst, int64_
     if (d < p.K && c0 + c < p.V) dst[base + d * p.V + c0 + c] = R.s[u][hf][q];
   });
 }
-/* R <- e^{G_last} R + (A0 B0 (K0) + A1 B1 (K1)), Sb <- its bf16 shadow: mma_ldm's product
- * (the same fragments, k order and accumulators) with the update st_s_upd2 applies, a warp's
- * NU tiles interleaved k step by k step (they share the B fragment) */
+/* mma_ldm's accumulation (the same fragments, k order and accumulators) for the 16 x 16 tiles
+ * wp + u NW (u < NU) of an M x BVW product, which share their columns: the warp's NU tiles
+ * interleaved k step by k step, one B fragment for all of them (mma_ldm runs a warp's tiles
+ * one after another, each with its own B fragment) */
 template <int NU, int NW>
-static __device__ __forceinline__ void st_reg_upd(const st_tiles<sbf> &t, st_reg<NU> &R, bt A0, bt B0, int K0,
-                                                  bt A1, bt B1, int K1) {
+static __device__ __forceinline__ void wide_acc(float (&c)[NU][2][4], bt A0, bt B0, int K0, bt A1, bt B1, int K1) {
   constexpr int tn = BVW / 16;
+  static_assert(NW % tn == 0, "a warp's tiles share their columns");
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
   const int j0 = (wp % tn) << 4;
-  float c[NU][2][4] = {};
 #pragma unroll
   for (int sgm = 0; sgm < 2; sgm++) {
     const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
@@ -110,6 +110,29 @@ static __device__ __forceinline__ void st_reg_upd(const st_tiles<sbf> &t, st_reg
       }
     }
   }
+}
+/* C = A0 B0 (K0) + A1 B1 (K1) for an (NU NW 16 / (BVW / 16)) x BVW product, E4 as mma_ldm's
+ * (same tiles to the same warps; products bit-identical to mma_ldm's) */
+template <int NU, int NW, class FE>
+static __device__ __forceinline__ void mma_ldm_w(bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+  constexpr int tn = BVW / 16;
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t2 = 2 * (lane & 3);
+  float c[NU][2][4] = {};
+  wide_acc<NU, NW>(c, A0, B0, K0, A1, B1, K1);
+#pragma unroll
+  for (int u = 0; u < NU; u++) {
+    int i0 = ((wp + u * NW) / tn) << 4, j0 = ((wp + u * NW) % tn) << 4;
+    E4(i0 + g, j0 + t2, c[u][0][0], c[u][0][1], c[u][0][2], c[u][0][3]);
+    E4(i0 + g, j0 + 8 + t2, c[u][1][0], c[u][1][1], c[u][1][2], c[u][1][3]);
+  }
+}
+/* R <- e^{G_last} R + (A0 B0 (K0) + A1 B1 (K1)), Sb <- its bf16 shadow: wide_acc's product with
+ * the update st_s_upd2 applies */
+template <int NU, int NW>
+static __device__ __forceinline__ void st_reg_upd(const st_tiles<sbf> &t, st_reg<NU> &R, bt A0, bt B0, int K0,
+                                                  bt A1, bt B1, int K1) {
+  float c[NU][2][4] = {};
+  wide_acc<NU, NW>(c, A0, B0, K0, A1, B1, K1);
   st_reg_each<NU, NW>(t.K16, [&](int u, int hf, int q, int d, int col) {
     R.s[u][hf][q] = t.en[d] * R.s[u][hf][q] + c[u][hf][q];
     if (q & 1)   /* the pair (q - 1, q): one bf16x2 store */
@@ -122,7 +145,7 @@ template <int KV>
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTW>(p);
-  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW;
+  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
@@ -143,14 +166,14 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     st_glast gl = st_glast_load(p, w, t0, m, h);
     cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
     __syncthreads();
-    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
+    mma_ldm_w<NC, NW>(bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0, pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_U);
     cp_async_commit();
-    mma_ldm(p.C, BVW, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
-            pairs2([&](int r, int c, float x0, float x1) {
-              if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
-            }));
+    mma_ldm_w<NC, NW>(bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
+                      pairs2([&](int r, int c, float x0, float x1) {
+                        if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
+                      }));
     st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk and Sb's readers done */
@@ -169,7 +192,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
                                                               float *dh0) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTW>(p);
-  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW;
+  constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);
@@ -195,10 +218,10 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
     cp_async_wait_group<1>();                      /* Aqk, kg, dO (s qg, W may fly) */
     __syncthreads();
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn into Vb, dVn to the global fp32 and bf16 copies */
-    mma_ldm(p.C, BVW, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-            pairs2([&](int r, int c, float x0, float x1) {
-              st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c);
-            }));
+    mma_ldm_w<NC, NW>(bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+                      pairs2([&](int r, int c, float x0, float x1) {
+                        st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c);
+                      }));
     st_en_store(p, t, gl);
     cp_async_wait_group<0>();                      /* s qg, W */
     __syncthreads();                               /* Aqk, kg dead; Sb's readers done */
