@@ -491,8 +491,8 @@ static int sm_count(void) {
   }
   return n;
 }
-/* version 2's state passes: one block per (sequence, value head, BVT value columns), the
- * value tiles of a head adjacent (st_block in kda_tc.cu) */
+/* version 2's state passes: one block per (sequence, value head, bv value columns: BVT, BVW
+ * for the wide passes), the value tiles of a head adjacent (st_block in kda_state.cuh) */
 static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
   return dim3((unsigned)(n_seq(a) * a->HV * ((a->V + bv - 1) / bv)));
 }
@@ -786,7 +786,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       if (smem_opt_in((const void *)kw, smw, a, op, "k_state_bwd_tc_wide")) return -1;
       kw<<<state_grid(a, BVW), NTW, smw, st>>>(p, w, dout, dht, dh0);
       LAUNCH_OK("k_state_bwd_tc_wide", "kda_kda_cuda_backward");
-    } else if (flow) {                                    /* the reverse sweep and rows as one grid */
+    } else if (flow) {                             /* the reverse sweep and rows as one grid */
       int ns = (int)state_grid(a).x, nz = (int)((a->V + BVT - 1) / BVT);
       size_t smf = smr > smd ? smr : smd;
       auto kf = k_bwd_flow_pick(kv);

@@ -188,10 +188,8 @@ static __device__ __forceinline__ void st_s_upd2(const st_tiles<T> &t, int r, in
   *(float2 *)(t.S + r * t.SB + c) = make_float2(v0, v1);
   *(__nv_bfloat162 *)(t.Sb + r * t.DB + c) = __floats2bfloat162_rn(v0, v1);
 }
-/* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
- * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand) and stores
- * that, in bf16 (as st_keep: the backward reads Vn only as a bf16 operand). */
-/* the bf16 layout's Vn epilogue (two adjacent outputs x of W S at row r, columns c, c + 1) */
+/* the bf16 layout's Vn epilogue (st_vn_tc below; two adjacent outputs x of W S at row r,
+ * columns c, c + 1) */
 static __device__ __forceinline__ auto st_vn_epi(const kp &p, const st_tiles<sbf> &t, int64_t t0, int m,
                                                  int64_t h, int64_t c0, float *vn) {
   sbf *vn0 = vn ? (sbf *)vn + (t0 * p.HV + h) * p.V + c0 : nullptr;   /* chunk row 0 (st_stage) */
@@ -211,6 +209,9 @@ static __device__ __forceinline__ auto st_vn_epi(const kp &p, const st_tiles<sbf
     }
   };
 }
+/* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
+ * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand) and stores
+ * that, in bf16 (as st_keep: the backward reads Vn only as a bf16 operand). */
 template <int P, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
@@ -239,8 +240,8 @@ static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
 
-/* A state pass's block: (sequence n, value head h, V columns c0 .. c0 + BVT) from a 1-D grid of
- * n_seq * HV * ceil(V / BVT) blocks (state_grid), the V tiles of one (n, h) adjacent, so the
+/* A state pass's block: (sequence n, value head h, V columns c0 .. c0 + bv) from a 1-D grid of
+ * n_seq * HV * ceil(V / bv) blocks (state_grid; bv = BVT, or BVW in the wide passes), the V tiles of one (n, h) adjacent, so the
  * blocks that read the same chunk tiles (W, qg, kg, Aqk: every V tile of a head reads them all)
  * are resident together and can share them through L2. It was a (n, h, V tile) grid, the V
  * tile slowest (at (8,2048,16,128) the first of two waves held V tiles 0-1 of every head, the

@@ -14,9 +14,10 @@
  * reverse: two blocks an SM, as the narrow passes. NTW = 256 threads (8 warps, four state tiles
  * a warp at K = 128, 127 registers): at 512 (two tiles a warp) the 64-register bound of two
  * blocks an SM spilled ~100 bytes and the passes were slower (H200, fwd+bwd (8,2048,16,128)
- * 3.76 ms against 3.71; kda_cuda.cu's use_wide has the gain). Same products of the same operands in the
- * same k order as k_state_fwd_tc / k_state_bwd_tc (a 16 x 16 tile's sums do not depend on how
- * many columns a block holds), the same update e^{G_last} S + x: bit-identical outputs
+ * 3.76 ms against 3.71; kda_cuda.cu's use_wide has the gain). Same products of the same
+ * operands in the same k order as k_state_fwd_tc / k_state_bwd_tc (a 16 x 16 tile's sums do not
+ * depend on how many columns a block holds, nor on which of a warp's tiles goes first: wide_acc
+ * runs a warp's tiles side by side), the same update e^{G_last} S + x: bit-identical outputs
  * (test_kda_cuda compares the two on every compiled case). */
 #include "kda_tc.cuh"
 #include "kda_state.cuh"
@@ -48,7 +49,7 @@ template <int NU> struct st_reg {
   float s[NU][2][4];
 };
 /* f(u, hf, q, row, col): each of a thread's state entries (q: 0..3, the C fragment's index) */
-template <int NU, int NW, class F> static __device__ __forceinline__ void st_reg_each(int K16, F f) {
+template <int NU, int NW, class F> static __device__ __forceinline__ void st_reg_each(F f) {
   constexpr int tn = BVW / 16;
   static_assert(NW % tn == 0, "a warp's tiles share their columns");
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, q2 = 2 * (lane & 3);
@@ -60,13 +61,12 @@ template <int NU, int NW, class F> static __device__ __forceinline__ void st_reg
 #pragma unroll
       for (int q = 0; q < 4; q++) f(u, hf, q, i0 + g + 8 * (q >> 1), j0 + 8 * hf + q2 + (q & 1));
   }
-  (void)K16;
 }
 /* R, Sb <- the state at src + base (columns c0 ..; zero where src is NULL or past K, V) */
 template <int NU, int NW>
 static __device__ __forceinline__ void st_reg_ld(const kp &p, const float *src, int64_t base, int64_t c0,
                                                  const st_tiles<sbf> &t, st_reg<NU> &R) {
-  st_reg_each<NU, NW>(t.K16, [&](int u, int hf, int q, int d, int c) {
+  st_reg_each<NU, NW>([&](int u, int hf, int q, int d, int c) {
     float x = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
     R.s[u][hf][q] = x;
     t.Sb[d * t.DB + c] = __float2bfloat16(x);
@@ -76,7 +76,7 @@ static __device__ __forceinline__ void st_reg_ld(const kp &p, const float *src, 
 template <int NU, int NW>
 static __device__ __forceinline__ void st_reg_st(const kp &p, float *dst, int64_t base, int64_t c0,
                                                  const st_tiles<sbf> &t, const st_reg<NU> &R) {
-  st_reg_each<NU, NW>(t.K16, [&](int u, int hf, int q, int d, int c) {
+  st_reg_each<NU, NW>([&](int u, int hf, int q, int d, int c) {
     if (d < p.K && c0 + c < p.V) dst[base + d * p.V + c0 + c] = R.s[u][hf][q];
   });
 }
@@ -135,7 +135,7 @@ static __device__ __forceinline__ void st_reg_upd(const st_tiles<sbf> &t, st_reg
                                                   bt A1, bt B1, int K1) {
   float c[NU][2][4] = {};
   wide_acc<NU, NW>(c, A0, B0, K0, A1, B1, K1);
-  st_reg_each<NU, NW>(t.K16, [&](int u, int hf, int q, int d, int col) {
+  st_reg_each<NU, NW>([&](int u, int hf, int q, int d, int col) {
     R.s[u][hf][q] = t.en[d] * R.s[u][hf][q] + c[u][hf][q];
     if (q & 1)   /* the pair (q - 1, q): one bf16x2 store */
       *(__nv_bfloat162 *)(t.Sb + d * t.DB + col - 1) = __floats2bfloat162_rn(R.s[u][hf][q - 1], R.s[u][hf][q]);
@@ -147,6 +147,7 @@ template <int KV>
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTW>(p);
+  /* a warp's tiles: NU of the K x BVW state, NC of the C x BVW products (C = 64: kv_fix) */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
@@ -168,7 +169,8 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     st_glast gl = st_glast_load(p, w, t0, m, h);
     cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
     __syncthreads();
-    mma_ldm_w<NC, NW>(bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0, pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
+    mma_ldm_w<NC, NW>(bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,      /* Vn = U - W S */
+                      pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_U);
     cp_async_commit();
@@ -194,6 +196,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
                                                               float *dh0) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTW>(p);
+  /* a warp's tiles, as in the forward pass */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
