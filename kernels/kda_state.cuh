@@ -283,6 +283,41 @@ static __device__ __forceinline__ void st_en_store(const kp &p, const st_tiles<T
   for (int d = threadIdx.x + 2 * BT; d < t.K16; d += BT) t.en[d] = d < p.K ? kexp(__ldcg(g.row + d)) : 0.f;
 }
 
+/* The top of a forward pass's step ci over chunk rows [t0, t0 + m) (k_state_fwd_tc,
+ * k_state_fwd_tc_wide): once the previous update is done, the kept state entering the chunk
+ * (w.h, when kept), kg's copies in a group of their own, e^{G_last} into registers (stored
+ * after o), then the wait for U, W, s qg, Aqk (staged during the previous step) */
+template <class T>
+static __device__ __forceinline__ st_glast st_fwd_top(const kp &p, const ws &w, const st_tiles<T> &t, int ci,
+                                                      int64_t t0, int m, int64_t h, int64_t c0) {
+  __syncthreads();                                 /* previous update done with kg, Vb, S / Sb, en */
+  if (w.h) st_keep(p, w.h, (int64_t)ci * p.HV * p.K * p.V + h * p.K * p.V, c0, t);
+  st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
+  cp_async_commit();
+  st_glast gl = st_glast_load(p, w, t0, m, h);
+  cp_async_wait_group<1>();                        /* U, W, s qg, Aqk of this chunk (kg may fly) */
+  __syncthreads();
+  return gl;
+}
+/* The top of a reverse sweep's step ci (state_bwd_tc, k_state_bwd_tc_wide): once the previous
+ * dS update is done, the kept dS entering the chunk (w.dh), dO's copies, then s qg's and W's
+ * (read by the dS update only, waited for after dVn), e^{G_last} into registers, then the wait
+ * for Aqk, kg (staged during the previous step) and dO */
+template <class T>
+static __device__ __forceinline__ st_glast st_rev_top(const kp &p, const ws &w, const st_tiles<T> &t, int ci,
+                                                      int64_t t0, int m, int64_t h, int64_t c0, const void *dout) {
+  __syncthreads();                                 /* previous dS update done with qg, W, dO, dVn / Vb, en */
+  st_keep(p, w.dh, (int64_t)ci * p.HV * p.K * p.V + h * p.K * p.V, c0, t);
+  st_stage(p, w, t, t0, m, h, c0, dout, SG_DO);
+  cp_async_commit();
+  st_stage(p, w, t, t0, m, h, c0, nullptr, SG_QG | SG_W);
+  cp_async_commit();
+  st_glast gl = st_glast_load(p, w, t0, m, h);
+  cp_async_wait_group<1>();                        /* Aqk, kg, dO (s qg, W may fly) */
+  __syncthreads();
+  return gl;
+}
+
 
 /* The _db passes' second tile set, after the whole single-set layout t: W, s qg, kg, Aqk,
  * then the fp32 U / Vn tile (fwd, the forward pass) or dO (the reverse sweep) */

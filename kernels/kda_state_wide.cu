@@ -80,38 +80,20 @@ static __device__ __forceinline__ void st_reg_st(const kp &p, float *dst, int64_
     if (d < p.K && c0 + c < p.V) dst[base + d * p.V + c0 + c] = R.s[u][hf][q];
   });
 }
-/* mma_ldm's accumulation (the same fragments, k order and accumulators) for the 16 x 16 tiles
- * wp + u NW (u < NU) of an M x BVW product, which share their columns: the warp's NU tiles
- * interleaved k step by k step, one B fragment for all of them (mma_ldm runs a warp's tiles
- * one after another, each with its own B fragment). Vn, o and dVn through it instead of
+/* mma_ldm's accumulation (ldm_acc: the same fragments, k order and accumulators) for the
+ * 16 x 16 tiles wp + u NW (u < NU) of an M x BVW product, which share their columns: the
+ * warp's NU tiles interleaved k step by k step, one B fragment for all of them (mma_ldm runs
+ * a warp's tiles one after another, each with its own B fragment). Vn, o and dVn through it instead of
  * mma_ldm (two tiles a warp): H200, one run, three rounds, (8,2048,16,128) fwd 1.166-1.170 ->
  * 1.141-1.150 ms, fwd+bwd 3.725-3.727 -> 3.699-3.704 */
 template <int NU, int NW>
 static __device__ __forceinline__ void wide_acc(float (&c)[NU][2][4], bt A0, bt B0, int K0, bt A1, bt B1, int K1) {
   constexpr int tn = BVW / 16;
   static_assert(NW % tn == 0, "a warp's tiles share their columns");
-  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  const int j0 = (wp % tn) << 4;
+  int wp = threadIdx.x >> 5, i0[NU];
 #pragma unroll
-  for (int sgm = 0; sgm < 2; sgm++) {
-    const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
-    int Kd = sgm ? K1 : K0;
-#pragma unroll 1
-    for (int k0 = 0; k0 < Kd; k0 += 16) {
-      uint32_t b[4];
-      if (B.kc) ldsm_b_nk(b, B.p, B.ld, j0, k0, lane);
-      else ldsm_b_kn(b, B.p, B.ld, j0, k0, lane);
-#pragma unroll
-      for (int u = 0; u < NU; u++) {
-        int i0 = ((wp + u * NW) / tn) << 4;
-        uint32_t a[4];
-        if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
-        else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
-        mma16816(c[u][0], a, b[0], b[1]);
-        mma16816(c[u][1], a, b[2], b[3]);
-      }
-    }
-  }
+  for (int u = 0; u < NU; u++) i0[u] = ((wp + u * NW) / tn) << 4;
+  ldm_acc<NU, 1>(i0, (wp % tn) << 4, A0, B0, K0, A1, B1, K1, c);   /* unroll 1: registers (NU = 4 at K = 128) */
 }
 /* C = A0 B0 (K0) + A1 B1 (K1) for an (NU NW 16 / (BVW / 16)) x BVW product, E4 as mma_ldm's
  * (same tiles to the same warps; products bit-identical to mma_ldm's) */
@@ -150,7 +132,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
   /* a warp's tiles: NU of the K x BVW state, NC of the C x BVW products (C = 64: kv_fix) */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
-  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t = st_carve_wide(p, sm, true);
@@ -162,13 +144,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     int64_t t0 = w.ctab[4 * ci + 1];
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous update done with kg, Vb, Sb, en */
-    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
-    cp_async_commit();
-    st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
-    __syncthreads();
+    st_glast gl = st_fwd_top(p, w, t, ci, t0, m, h, c0);
     mma_ldm_w<NC, NW>(bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,      /* Vn = U - W S */
                       pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
@@ -199,7 +175,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
   /* a warp's tiles, as in the forward pass */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
-  const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t = st_carve_wide(p, sm, false);
@@ -213,15 +189,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;
     bf16 *dvb0 = w.dvnb + (t0 * HV + h) * V + c0;
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous dS update done with qg, W, dO, Vb, Sb, en */
-    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, dout, SG_DO);
-    cp_async_commit();
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_QG | SG_W);
-    cp_async_commit();
-    st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_group<1>();                      /* Aqk, kg, dO (s qg, W may fly) */
-    __syncthreads();
+    st_glast gl = st_rev_top(p, w, t, ci, t0, m, h, c0, dout);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn into Vb, dVn to the global fp32 and bf16 copies */
     mma_ldm_w<NC, NW>(bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
                       pairs2([&](int r, int c, float x0, float x1) {

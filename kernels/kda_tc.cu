@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NT>(p);
   const st_blk b = st_block(p, w);
-  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   st_tiles<sbf> t = st_carve<sbf>(p, sm);
@@ -420,13 +420,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
     int64_t t0 = w.ctab[4 * ci + 1];
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous update done with kg, Vb, S, en */
-    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept: see above */
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_KG);
-    cp_async_commit();
-    st_glast gl = st_glast_load(p, w, t0, m, h);  /* stored into t.en after o */
-    cp_async_wait_group<1>();                      /* U, W, s qg, Aqk of this chunk (kg may fly) */
-    __syncthreads();
+    st_glast gl = st_fwd_top(p, w, t, ci, t0, m, h, c0);   /* kept state: see above */
     PH(0);
     st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
@@ -624,7 +618,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, 0>(p);
   const st_blk b = st_block(p, w);
-  const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   st_tiles<T> t = st_carve<T>(p, sm);
@@ -632,9 +626,8 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
   if (!kept) st_fwd_sweep<PR>(p, w, t, h0, b, nullptr, 2);   /* kept: the forward's */
   __syncthreads();
   PH_RESET();
-  /* cp.async groups: dO at the step's top, waited for before dVn; s qg, W (read by the dS
-   * update only) at the top too, waited for after dVn; Aqk, kg of the previous chunk once dVn
-   * is formed; e^{G_last} through registers (as the forward sweeps) */
+  /* cp.async groups: dO, then s qg and W at the step's top (st_rev_top); Aqk, kg of the
+   * previous chunk once dVn is formed; e^{G_last} through registers (as the forward sweeps) */
   st_ld(p, dht, b.sbase, c0, t);                   /* t.S now holds dS (§4.2) */
   if (cf < cl)
     st_stage(p, w, t, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, nullptr, SG_A | SG_KG);
@@ -644,15 +637,7 @@ static __device__ __forceinline__ void state_bwd_tc(kp p, ws w, const float *h0,
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     bf16 *dvb0 = w.dvnb + (t0 * HV + h) * V + c0;
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* previous dS update done with qg, W, dO, dVn, en */
-    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    st_stage(p, w, t, t0, m, h, c0, dout, SG_DO);
-    cp_async_commit();
-    st_stage(p, w, t, t0, m, h, c0, nullptr, SG_QG | SG_W);
-    cp_async_commit();
-    st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_group<1>();                      /* Aqk, kg, dO (s qg, W may fly) */
-    __syncthreads();
+    st_glast gl = st_rev_top(p, w, t, ci, t0, m, h, c0, dout);
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; the bf16 layout keeps -dVn in the shadow Vb (its one use:
      * the dS update's -W^T dVn, as W^T (-dVn), the same products), and stores dVn in fp32 (the

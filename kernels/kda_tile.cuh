@@ -257,26 +257,37 @@ static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4,
  * MMAs instead of two per one; read-modify-write epilogues need no barrier between calls with
  * the same (M, N), but mma_blk4's ownership differs, so the two must not share such targets.
  * N % 16 == 0. */
-template <class FE>
-static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+/* mma_ldm's k loop for NP 16x16 tiles at rows i0[u], all at columns j0: c[u][0], c[u][1] (C
+ * fragments) accumulate the K-concatenated product, one B fragment a k step for the NP tiles
+ * (their MMA chains interleaved; the wide state passes take a warp's tiles so); UK: the k
+ * loop's unroll */
+template <int NP, int UK>
+static __device__ __forceinline__ void ldm_acc(const int *i0, int j0, bt A0, bt B0, int K0, bt A1, bt B1, int K1,
+                                               float (*c)[2][4]) {
   int lane = threadIdx.x & 31;
-  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) {
 #pragma unroll
-    for (int sgm = 0; sgm < 2; sgm++) {
-      const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
-      int Kd = sgm ? K1 : K0;
-#pragma unroll 2
-      for (int k0 = 0; k0 < Kd; k0 += 16) {
-        uint32_t a[4], b[4];
-        if (A.kc) ldsm_a(a, A.p, A.ld, i0, k0, lane);
-        else ldsm_a_km(a, A.p, A.ld, i0, k0, lane);
-        if (B.kc) ldsm_b_nk(b, B.p, B.ld, j0, k0, lane);
-        else ldsm_b_kn(b, B.p, B.ld, j0, k0, lane);
-        mma16816(c[0], a, b[0], b[1]);
-        mma16816(c[1], a, b[2], b[3]);
+  for (int sgm = 0; sgm < 2; sgm++) {
+    const bt &A = sgm ? A1 : A0, &B = sgm ? B1 : B0;
+    int Kd = sgm ? K1 : K0;
+#pragma unroll UK
+    for (int k0 = 0; k0 < Kd; k0 += 16) {
+      uint32_t b[4];
+      if (B.kc) ldsm_b_nk(b, B.p, B.ld, j0, k0, lane);
+      else ldsm_b_kn(b, B.p, B.ld, j0, k0, lane);
+#pragma unroll
+      for (int u = 0; u < NP; u++) {
+        uint32_t a[4];
+        if (A.kc) ldsm_a(a, A.p, A.ld, i0[u], k0, lane);
+        else ldsm_a_km(a, A.p, A.ld, i0[u], k0, lane);
+        mma16816(c[u][0], a, b[0], b[1]);
+        mma16816(c[u][1], a, b[2], b[3]);
       }
     }
-  }, E4);
+  }
+}
+template <class FE>
+static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
+  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) { ldm_acc<1, 2>(&i0, j0, A0, B0, K0, A1, B1, K1, &c); }, E4);
 }
 
 /* ---- tf32 MMAs with pre-rounded operands (the fast kernels' fp32 products) ------------------

@@ -319,29 +319,34 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       std::string nm = std::string(name) + ": kept precise forward";
       verdict(nm.c_str(), {{"o", &o, &o3, 0.005, 0}, {"ht", &ht, &ht3, 0.005, 0}});
     }
+    /* a kept forward and `reps` backwards with env name=val, its outputs into got (name unset
+     * after; the flow and wide comparisons below) */
+    auto kept_run = [&](const char *env, const char *val, int reps, std::vector<std::vector<char>> &got) {
+      setenv(env, val, 1);
+      CK(cudaMemset(wsd, 0x7f, wsb));
+      int r = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
+      for (int rep = 0; rep < reps && !r; rep++) {
+        CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
+        r = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd, dbd, dAd, ddtd,
+                                  dh0d, wsd, wsb, nullptr);
+      }
+      CK(cudaDeviceSynchronize());
+      for (auto &x : outs) {
+        got.emplace_back(x.second);
+        CK(cudaMemcpy(got.back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
+      }
+      unsetenv(env);
+      return r;
+    };
     /* the flow kernels (kda_cuda.cu use_flow: intra + the forward state pass, the kept reverse
      * sweep + the rows kernel, each as one grid), forced wherever they may run
      * (KDA_KDA_FLOW=1; by default only where the chunk grid is many waves), against the
-     * separate kernels (KDA_KDA_FLOW=0): a kept forward and its backward, the same bytes */
+     * separate kernels (KDA_KDA_FLOW=0): a kept forward and its backward (twice with the flow:
+     * its words reset), the same bytes */
     const char *sd = getenv("KDA_KDA_STATE_DB");
     if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && !rc) {
       std::vector<std::vector<char>> got[2];
-      for (int fl = 1; fl >= 0 && !rc; fl--) {
-        setenv("KDA_KDA_FLOW", fl ? "1" : "0", 1);
-        CK(cudaMemset(wsd, 0x7f, wsb));
-        rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
-        for (int rep = 0; rep < 1 + fl && !rc; rep++) {   /* twice with flow: its words reset */
-          CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
-          rc = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd,
-                                     dbd, dAd, ddtd, dh0d, wsd, wsb, nullptr);
-        }
-        CK(cudaDeviceSynchronize());
-        for (auto &x : outs) {
-          got[fl].emplace_back(x.second);
-          CK(cudaMemcpy(got[fl].back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
-        }
-      }
-      unsetenv("KDA_KDA_FLOW");
+      for (int fl = 1; fl >= 0 && !rc; fl--) rc = kept_run("KDA_KDA_FLOW", fl ? "1" : "0", 1 + fl, got[fl]);
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: flow kernels (KDA_KDA_FLOW=1, backward twice) = separate kernels, bit for bit\n", name), npass++;
       else printf("FAIL - %s: flow kernels differ from separate kernels%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
@@ -354,21 +359,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     bool kvc = a.chunk == 64 && a.K == a.V && (a.K == 64 || a.K == 128) && !(kve && !strcmp(kve, "0"));
     if (!(se && *se && strcmp(se, "0")) && kvc && !pk && !rc) {
       std::vector<std::vector<char>> got[2];
-      for (int wd = 0; wd < 2 && !rc; wd++) {
-        setenv("KDA_KDA_WIDE", wd ? "1" : "0", 1);
-        CK(cudaMemset(wsd, 0x7f, wsb));
-        rc = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
-        CK(cudaMemset((char *)wsd + kb, 0x7f, (size_t)(wsb - kb)));
-        if (!rc)
-          rc = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd,
-                                     dbd, dAd, ddtd, dh0d, wsd, wsb, nullptr);
-        CK(cudaDeviceSynchronize());
-        for (auto &x : outs) {
-          got[wd].emplace_back(x.second);
-          CK(cudaMemcpy(got[wd].back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
-        }
-      }
-      unsetenv("KDA_KDA_WIDE");
+      for (int wd = 0; wd < 2 && !rc; wd++) rc = kept_run("KDA_KDA_WIDE", wd ? "1" : "0", 1, got[wd]);
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
