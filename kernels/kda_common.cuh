@@ -87,6 +87,56 @@ struct ws {
   int *flow;
 };
 
+/* The raw per-row inputs of the fused front (k_intra_tc doing the row preprocessing of its
+ * chunk itself: intra_rows in kda_tc.cu); q == NULL: k_rows4 did it for the whole tensor and
+ * k_intra_tc stages qn, kn, G, b from the workspace. wr: also store qn, kn, b there (a
+ * backward will read them) */
+struct rowin {
+  const void *q, *k, *g, *beta;
+  const float *A_log, *dt_bias;
+  int wr;
+};
+
+/* ---- the row preprocessing's arithmetic (§2.1–2.3), one form for k_rows, k_rows4 and the
+ * fused front, so that they give the same values bit for bit ---- */
+
+/* 4 bf16 at p[i] (8-byte aligned) as floats */
+static __device__ __forceinline__ float4 ld4b(const void *p, int64_t i) {
+  uint2 u = *(const uint2 *)((const bf16 *)p + i);
+  float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+/* x.x^2 + x.y^2 + x.z^2 + x.w^2 in that order, the contractions spelled out (the compiler's
+ * own choice could differ between two kernels) */
+static __device__ __forceinline__ float sumsq4(float4 x) {
+  return __fmaf_rn(x.w, x.w, __fmaf_rn(x.z, x.z, __fmaf_rn(x.y, x.y, __fmul_rn(x.x, x.x))));
+}
+/* the sum over each aligned group of LW lanes (LW = 32: kc_warp_sum), fixed xor order */
+template <int LW>
+static __device__ __forceinline__ float lane_group_sum(float v) {
+  for (int o = LW / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+/* the l2 norm's factor from the row's sum of squares (1 without l2) */
+static __device__ __forceinline__ float l2_scale(const kp &p, float ss) { return p.l2 ? rsqrtf(ss + L2_EPS) : 1.f; }
+/* the log-decay of g's element x at value head h, column d: x itself (gate_mode 0),
+ * -e^{A_log} softplus(x + dt_bias) (1) or lb sigmoid(e^{A_log} (x + dt_bias)) (2); ea = e^{A_log[h]} */
+static __device__ __forceinline__ float gate1(const kp &p, float x, const float *dt_bias, int64_t h, int64_t d,
+                                              float ea) {
+  if (p.gate_mode == 0) return x;
+  if (dt_bias) x += dt_bias[h * p.K + d];
+  return p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
+}
+static __device__ __forceinline__ float4 gate4(const kp &p, float4 x, const float *dt_bias, int64_t h, int64_t d,
+                                               float ea) {
+  return make_float4(gate1(p, x.x, dt_bias, h, d, ea), gate1(p, x.y, dt_bias, h, d + 1, ea),
+                     gate1(p, x.z, dt_bias, h, d + 2, ea), gate1(p, x.w, dt_bias, h, d + 3, ea));
+}
+/* beta after its mode: itself, sigmoid, or 2 sigmoid (§2.2) */
+static __device__ __forceinline__ float beta_act(const kp &p, float b) {
+  return p.beta_mode == 0 ? b : (p.beta_mode == 2 ? 2.f : 1.f) * sigm(b);
+}
+
 static inline int64_t n_seq(const kda_kda_args *a) { return a->cu_seqlens ? a->nseq : a->B; }
 /* upper bound on the number of chunks (each sequence adds at most one partial chunk) */
 static inline int64_t n_chunks_max(const kda_kda_args *a) {
@@ -219,7 +269,7 @@ size_t smem_final_tc(int64_t C, int64_t K);
 size_t smem_final_tc_compact(int64_t C, int64_t K);
 /* the chunk kernels (templates in kda_tc.cu, kda_tc_bwd.cu) by their instantiation: pr the
  * precise twin, cm the compact layout, kv the shape specialisation (kv_spec in kda_cuda.cu) */
-typedef void (*intra_tc_fn)(kp, const void *, ws, int);
+typedef void (*intra_tc_fn)(kp, const void *, ws, int, rowin);
 typedef void (*rows_tc_fn)(kp, const void *, ws, int);
 typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
 typedef void (*final_tc_fn)(kp, const void *, const void *, const float *, const float *, void *, void *, ws);
@@ -240,7 +290,7 @@ state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
 /* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): after the first `lead`
  * blocks to start the next ns run the state pass, the rest the intra chunks, which flag each
  * chunk when written */
-typedef void (*fwd_flow_fn)(kp, const void *, ws, int, const float *, void *, float *, int, int);
+typedef void (*fwd_flow_fn)(kp, const void *, ws, int, rowin, const float *, void *, float *, int, int);
 fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
 /* k_state_bwd_tc_db and k_bwd_rows_tc as one grid (kda_tc_bwd.cu): the state blocks flag each
  * chunk's dS, dVn; fb = w.flow + 1 + NTu HV (k_bwd_flow's words); nz: V tiles a head */

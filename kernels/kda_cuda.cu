@@ -105,6 +105,9 @@ static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfi
   for (; idx < NTu; idx++) ctab[4 * idx + 2] = 0;
 }
 
+/* the fused front's chunk table (kda_tc.cu intra_rows: no row kernel runs), one block */
+__global__ void k_chunk_table(kp p, ws w, int64_t NTu) { chunk_table(p, NTu, w.ctab, w.sfirst, w.flow); }
+
 /* ---- per-row preprocessing: l2 norm, gate, beta (§2.1–2.3) -------------------------------- */
 
 /* one warp per (token, value head) row (8 rows per block): the l2 norms are fixed-order shuffle
@@ -124,37 +127,14 @@ __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const 
     sq += x * x, sk += y * y;
   }
   sq = kc_warp_sum(sq), sk = kc_warp_sum(sk);
-  float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
+  float rq = l2_scale(p, sq), rk = l2_scale(p, sk);
   float ea = A_log ? expf(A_log[h]) : 1.f;
   for (int64_t d = lane; d < K; d += 32) {
     w.qn[io + d] = ldb(q, iq + d) * rq;
     w.kn[io + d] = ldb(k, iq + d) * rk;
-    float x = ldb(g, io + d), gl;
-    if (p.gate_mode == 0) gl = x;
-    else {
-      if (dt_bias) x += dt_bias[h * K + d];
-      gl = p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
-    }
-    w.G[io + d] = gl;
+    w.G[io + d] = gate1(p, ldb(g, io + d), dt_bias, h, d, ea);
   }
-  if (lane == 0) {
-    float b = ldb(beta, row);
-    w.b[row] = p.beta_mode == 0 ? b : (p.beta_mode == 2 ? 2.f : 1.f) * sigm(b);
-  }
-}
-
-/* 4 bf16 at p[i] (8-byte aligned) as floats */
-static __device__ __forceinline__ float4 ld4b(const void *p, int64_t i) {
-  uint2 u = *(const uint2 *)((const bf16 *)p + i);
-  float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
-/* the sum over each aligned group of LW lanes (LW = 32: kc_warp_sum), fixed xor order */
-template <int LW>
-static __device__ __forceinline__ float lane_group_sum(float v) {
-  for (int o = LW / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  if (lane == 0) w.b[row] = beta_act(p, ldb(beta, row));
 }
 
 /* The same for K % 4 == 0, K <= 4 LW NJ and 8-byte aligned q, k, g: a lane holds 4 adjacent
@@ -183,33 +163,19 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     if (4 * lane + 4 * LW * j >= K) break;
-    sq += xq[j].x * xq[j].x + xq[j].y * xq[j].y + xq[j].z * xq[j].z + xq[j].w * xq[j].w;
-    sk += xk[j].x * xk[j].x + xk[j].y * xk[j].y + xk[j].z * xk[j].z + xk[j].w * xk[j].w;
+    sq += sumsq4(xq[j]), sk += sumsq4(xk[j]);
   }
-  sq = lane_group_sum<LW>(sq), sk = lane_group_sum<LW>(sk);
-  float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
+  float rq = l2_scale(p, lane_group_sum<LW>(sq)), rk = l2_scale(p, lane_group_sum<LW>(sk));
   float ea = A_log ? expf(A_log[h]) : 1.f;
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     int64_t d = 4 * lane + 4 * LW * j;
     if (d >= K) break;
-    float x[4] = {xg[j].x, xg[j].y, xg[j].z, xg[j].w}, gl[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      if (p.gate_mode == 0) gl[u] = x[u];
-      else {
-        if (dt_bias) x[u] += dt_bias[h * K + d + u];
-        gl[u] = p.gate_mode == 1 ? -ea * softplus(x[u]) : p.lb * sigm(ea * x[u]);
-      }
-    }
     *(float4 *)(w.qn + io + d) = make_float4(xq[j].x * rq, xq[j].y * rq, xq[j].z * rq, xq[j].w * rq);
     *(float4 *)(w.kn + io + d) = make_float4(xk[j].x * rk, xk[j].y * rk, xk[j].z * rk, xk[j].w * rk);
-    *(float4 *)(w.G + io + d) = make_float4(gl[0], gl[1], gl[2], gl[3]);
+    *(float4 *)(w.G + io + d) = gate4(p, xg[j], dt_bias, h, d, ea);
   }
-  if (lane == 0 && live) {
-    float b = ldb(beta, row);
-    w.b[row] = p.beta_mode == 0 ? b : (p.beta_mode == 2 ? 2.f : 1.f) * sigm(b);
-  }
+  if (lane == 0 && live) w.b[row] = beta_act(p, ldb(beta, row));
 }
 
 /* GVA group sum of the per-value-head dq, dk (wrt normalised), then the l2-norm backward, one
@@ -438,6 +404,7 @@ static void preload_kernels(int kv) {
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
+  ld((const void *)k_chunk_table);
   ld((const void *)k_qk_bwd4<1, 16>), ld((const void *)k_qk_bwd4<1, 32>), ld((const void *)k_qk_bwd4<2, 32>);
   ld((const void *)k_qk_bwd);
   (void)cudaGetLastError();
@@ -585,22 +552,34 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
 }
 
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute);
- * intra = 0: the rows only (the forward's flow kernel runs intra) */
+ * intra = 0: all but intra (the forward's flow kernel runs intra with *ri).
+ * Version 2 at K % 4 == 0, K <= 128, 8-byte aligned q, k, g: the fused front, k_intra_tc
+ * doing the row preprocessing of its chunk itself (intra_rows in kda_tc.cu; *ri its inputs),
+ * after a one-block kernel for the chunk table; KDA_KDA_ROWS_IN=0 turns it off (read per
+ * call: test_kda_cuda compares the two). H200, one run: TODO */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
-                 const ws &w, cudaStream_t st, const char *op, int tc, int prec, int intra = 1) {
+                 const ws &w, cudaStream_t st, const char *op, int tc, int prec, rowin *ri, int intra = 1) {
   int64_t NTu = n_chunks_max(a);
-  /* each row kernel's grid has one more block, which writes the chunk table */
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
-  if (a->K % 4 == 0 && al8 && a->K <= 64)
-    k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
-  else if (a->K % 4 == 0 && al8 && a->K <= 128)
-    k_rows4<1, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
-  else if (a->K % 4 == 0 && al8 && a->K <= 256)
-    k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
-  else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
-  LAUNCH_OK("k_rows", "kda cuda");
+  const char *re = getenv("KDA_KDA_ROWS_IN");
+  *ri = rowin{};
+  if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && !(re && strcmp(re, "0") == 0)) {
+    *ri = rowin{q, k, g, beta, A_log, dt_bias, w.Kb != nullptr};
+    k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
+    LAUNCH_OK("k_chunk_table", "kda cuda");
+  }
+  else {                                           /* each row kernel's grid has one more block: the chunk table */
+    if (a->K % 4 == 0 && al8 && a->K <= 64)
+      k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+    else if (a->K % 4 == 0 && al8 && a->K <= 128)
+      k_rows4<1, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+    else if (a->K % 4 == 0 && al8 && a->K <= 256)
+      k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+    else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+    LAUNCH_OK("k_rows", "kda cuda");
+  }
   if (!intra) return 0;
   if (tc) {
     int vt;
@@ -608,7 +587,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt);
+    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -653,7 +632,8 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
    * fp32 tiles and k_state_fwd_tc_p's 3xTF32 states (o from them, to fp32 level) */
   int kp_ = a->keep && tc && use_precise(a, 1), pk = kp_ && use_tc(a, 1, 1);
   if (!(a->keep && tc && (kp_ ? pk : use_tc(a, 1, 0)))) w.Kb = w.h = w.vn = nullptr;
-  if ((pk || !tc) && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk)) return -1;
+  rowin ri;
+  if ((pk || !tc) && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, pk, &ri)) return -1;
   if (pk) {
     size_t sm = smem_state_tc(a->chunk, a->K, 1);
     auto kern = k_state_fwd_tc_pick(ST_PRECISE, kv);
@@ -670,7 +650,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
      * fwd+bwd 0.260 -> 0.253 */
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_wide(a, kv)) {
-      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
+      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
       size_t smw = smem_state_wide(a->chunk, a->K, 1);
       auto kern = k_state_fwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kern, smw, a, op, "k_state_fwd_tc_wide")) return -1;
@@ -682,7 +662,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       /* intra and the state pass as one grid (k_fwd_flow in kda_tc.cu: the state blocks follow
        * the intra blocks chunk by chunk instead of starting after the last); the flags it
        * waits on are zeroed by front's chunk-table block */
-      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, 0)) return -1;
+      if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri, 0)) return -1;
       int vt, ns = (int)state_grid(a).x;
       size_t smi = intra_layout(a, v, &vt), smf = smi > smd ? smi : smd;
       auto kern = k_fwd_flow_pick(vt == 2, kv);
@@ -698,11 +678,11 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       int lead = (int)(le ? atoll(le) : ni / 4);
       if (lead < 0 || lead > ni) lead = (int)ni;
       unsigned nb = (unsigned)(ns + ni);
-      kern<<<nb, NTC, smf, st>>>(p, v, w, vt, h0, o, ht, ns, lead);
+      kern<<<nb, NTC, smf, st>>>(p, v, w, vt, ri, h0, o, ht, ns, lead);
       LAUNCH_OK("k_fwd_flow", "kda_kda_cuda_forward");
       return 0;
     }
-    if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0)) return -1;
+    if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
     if (use_state_db(a, smd)) {
       auto kern = k_state_fwd_tc_pick(ST_DB, kv);
       if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
@@ -745,7 +725,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   /* kept: the forward left chunk table, rows, intra outputs, Kb, states and Vn in the workspace,
    * of the precision this backward runs at (what use_precise(a, 1) prepared), else recompute */
   int kept = a->keep && tc && use_precise(a, 1) == prec;
-  if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec)) return -1;
+  rowin ri;
+  if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec, &ri)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);

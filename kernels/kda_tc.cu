@@ -138,11 +138,62 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
   __syncthreads();
 }
 
+/* The fused front: the row preprocessing (§2.1–2.3: q, k l2-normalised, the gate, beta) of
+ * the chunk's rows, from the raw inputs straight into the q, k, G tiles and b. k_rows4 did it
+ * for the whole tensor, writing qn, kn, G, b (fp32) that this kernel then read back; now only
+ * a backward's workspace gets qn, kn, b (ri.wr), and k_rows4's launch is gone (the chunk
+ * table runs alone before this kernel). LW lanes a row, four columns a lane, the norms'
+ * sums in k_rows4's order (LW and the arithmetic as its instantiation for this K): the same
+ * values bit for bit (test_kda_cuda compares the two fronts). K % 4 == 0, K <= 4 LW, 8-byte
+ * aligned q, k, g (kda_cuda.cu front); pad rows and columns zero, as the staged tiles'. */
+template <int LW, int RW>
+static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,
+                                                  float *Gs, float *bs, int KS, int C, int n, int64_t t0,
+                                                  int64_t h) {
+  /* RW: a lane group's rows in flight (its 12 RW registers of loads) */
+  const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
+  const int ng = BT / LW, lane = threadIdx.x % LW, grp = threadIdx.x / LW, d = 4 * lane, K16 = r16(K);
+  const float ea = ri.A_log ? expf(ri.A_log[h]) : 1.f;
+  const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
+    float4 xq[RW], xk[RW], xg[RW];
+#pragma unroll
+    for (int u = 0; u < RW; u++) {                 /* every load of the pass in flight together */
+      int r = r0 + u * ng + grp;
+      xq[u] = xk[u] = xg[u] = z4;
+      if (r < n && d < K) {
+        int64_t iq = ((t0 + r) * p.H + hq) * K + d;
+        xq[u] = ld4b(ri.q, iq), xk[u] = ld4b(ri.k, iq), xg[u] = ld4b(ri.g, ROWI(r) * K + d);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < RW; u++) {
+      int r = r0 + u * ng + grp;
+      float sq = 0, sk = 0;
+      sq += sumsq4(xq[u]), sk += sumsq4(xk[u]);
+      float rq = l2_scale(p, lane_group_sum<LW>(sq)), rk = l2_scale(p, lane_group_sum<LW>(sk));
+      if (r >= C || d >= K16) continue;
+      bool live = r < n && d < K;
+      float4 qn = make_float4(xq[u].x * rq, xq[u].y * rq, xq[u].z * rq, xq[u].w * rq);
+      float4 kn = make_float4(xk[u].x * rk, xk[u].y * rk, xk[u].z * rk, xk[u].w * rk);
+      *(float4 *)(qs + r * KS + d) = qn, *(float4 *)(ks + r * KS + d) = kn;
+      *(float4 *)(Gs + r * KS + d) = live ? gate4(p, xg[u], ri.dt_bias, h, d, ea) : z4;
+      if (ri.wr && live) *(float4 *)(w.qn + ROWI(r) * K + d) = qn, *(float4 *)(w.kn + ROWI(r) * K + d) = kn;
+    }
+  }
+  for (int r = threadIdx.x; r < C; r += BT) {
+    float b = r < n ? beta_act(p, ldb(ri.beta, ROWI(r))) : 0.f;
+    bs[r] = b;
+    if (ri.wr && r < n) w.b[ROWI(r)] = b;
+  }
+}
+
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR, bool CM, int KV>
-static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, int cb, int64_t h) {
+static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int cb,
+                                                int64_t h) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -166,9 +217,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   PH_INIT(0);
   {                                                /* q, k, G (and v): asynchronous copies, zero-padded */
     bool al = K % 4 == 0;
-    cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
-    cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
-    cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
+    if (!ri.q) {                                   /* else formed below (intra_rows) */
+      cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
+      cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
+      cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
+    }
     if (!CM && vt)                                 /* CM: v is copied after the inverse */
       for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
@@ -180,7 +233,10 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     As[e] = 0.f, Ls[e] = 0.f;
     if (!CM) Ms[e] = 0.f;                          /* CM: M's region holds X until the inverse */
   }
-  for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  if (!ri.q) for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  /* every row in one pass at C = 64, 512 threads; CM: two (its blocks are held to 64 registers) */
+  else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h);
+  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h);
   cp_async_wait_all();
   __syncthreads();
   PH(0);
@@ -373,8 +429,8 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   PH(9);
 }
 template <bool PR, bool CM, int KV>
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt) {
-  intra_tc<PR, CM, KV>(p, v, w, vt, blockIdx.x, blockIdx.y);
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri) {
+  intra_tc<PR, CM, KV>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
@@ -530,8 +586,8 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
  * block's thread 0 waits for it (flow_wait) before the copies of that chunk. The same
  * arithmetic as the two kernels: bit-identical results (test_kda_cuda checks it). */
 template <bool CM, int KV>
-__global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, const float *h0,
-                                                             void *o, float *ht, int ns, int lead) {
+__global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, rowin ri,
+                                                             const float *h0, void *o, float *ht, int ns, int lead) {
   __shared__ int role;
   if (!threadIdx.x) role = atomicAdd(w.flow, 1);
   __syncthreads();
@@ -542,7 +598,7 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
     int64_t nc = (p.T + p.C - 1) / p.C;
     cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
   }
-  intra_tc<false, CM, KV>(p, v, w, vt, (int)cb, h);
+  intra_tc<false, CM, KV>(p, v, w, vt, ri, (int)cb, h);
   __syncthreads();                                 /* every thread's stores issued */
   flow_signal(w.flow + 1, (int)cb, h, HV);
 }

@@ -401,18 +401,12 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
     }
     sq = block_sum(sq, red);
     sk = block_sum(sk, red);
-    float rq = p.l2 ? rsqrtf(sq + L2_EPS) : 1.f, rk = p.l2 ? rsqrtf(sk + L2_EPS) : 1.f;
+    float rq = l2_scale(p, sq), rk = l2_scale(p, sk);
     for (int64_t d = threadIdx.x; d < K; d += NT) {
       qs[d] = ldb(q, iq + d) * rq, ks[d] = ldb(k, iq + d) * rk;
-      float x = ldb(g, io + d);
-      if (p.gate_mode) {
-        if (dt_bias) x += dt_bias[h * K + d];
-        x = p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
-      }
-      gs[d] = x;
+      gs[d] = gate1(p, ldb(g, io + d), dt_bias, h, d, ea);
     }
-    float b = ldb(beta, t * HV + h);
-    if (p.beta_mode) b = (p.beta_mode == 2 ? 2.f : 1.f) * sigm(b);
+    float b = beta_act(p, ldb(beta, t * HV + h));
     __syncthreads();
     float acc = 0;                                   /* S' = e^g S; part of S'^T k */
     for (int64_t d = grpi; d < K; d += NT / BV) {

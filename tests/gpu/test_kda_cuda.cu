@@ -12,6 +12,7 @@
  * bit-identity of the backward (no float atomics); on the tensor-core path every case's kept
  * forward and backward also run with the flow kernels forced (KDA_KDA_FLOW=1) and off, and (the
  * compiled K = V = 64 / 128 shapes) with the wide state passes forced (KDA_KDA_WIDE=1) and off,
+ * and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * bit for bit the same. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
@@ -363,6 +364,16 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+    }
+    /* the fused front (kda_cuda.cu front: k_intra_tc forms q, k, G, b from the raw inputs; version
+     * 2 at K % 4 == 0, K <= 128) against k_rows4 + k_intra_tc staging its outputs
+     * (KDA_KDA_ROWS_IN=0): a kept forward and its backward, the same bytes */
+    if (!(se && *se && strcmp(se, "0")) && a.K % 4 == 0 && a.K <= 128 && !rc) {
+      std::vector<std::vector<char>> got[2];
+      for (int fu = 0; fu < 2 && !rc; fu++) rc = kept_run("KDA_KDA_ROWS_IN", fu ? "1" : "0", 1, got[fu]);
+      same = !rc && got[0] == got[1];
+      if (same) printf("ok - %s: fused front (k_intra_tc's own rows) = k_rows4 + k_intra_tc, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: fused front differs from k_rows4 + k_intra_tc%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
