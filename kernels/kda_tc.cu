@@ -240,7 +240,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   cp_async_wait_all();
   __syncthreads();
   PH(0);
-  chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) { w.G[ROWI(r) * K + d] = x; });
+  /* the cumsum to the workspace: every row for a backward (w.Kb set: the backward, or a forward
+   * that keeps), else the last row only, all that the state pass reads (e^{G_last}) */
+  chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) {
+    if (w.Kb || r == n - 1) w.G[ROWI(r) * K + d] = x;
+  });
   PH(1);
   /* Rows of block I (rows r = 16 I .. r + 15) against columns j <= their own, factored around
    * row r: e^{G_i - G_j} = e^{G_i - G_r} e^{G_r - G_j}, so each entry is one tf32 MMA dot
@@ -355,7 +359,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     float4 a = *(const float4 *)(As + i * CS + j), m = *(const float4 *)(Ms + i * CS + j);
     if (PR) *(float4 *)(w.Aqk + ROWI(i) * C + j) = a;
     else st4b(w.Ab + ROWI(i) * C + j, a);          /* zero above the diagonal and past n */
-    *(float4 *)(w.M + ROWI(i) * C + j) = m;
+    if (w.Kb) *(float4 *)(w.M + ROWI(i) * C + j) = m;   /* k_bwd_mat_tc's, only a backward's */
     if (!PR) *(float4 *)(Ms + i * CS + j) = make_float4(tf32r(m.x), tf32r(m.y), tf32r(m.z), tf32r(m.w));
   }                                                /* Ms: from here an MMA operand only */
   for (int e = tid; e < n * (K16 / 4); e += BT) {  /* kg, s qg (bf16 or PR fp32, pad columns zero) */
