@@ -563,9 +563,13 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   int64_t NTu = n_chunks_max(a);
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
+  /* not where the forward's flow kernel runs intra (intra = 0): there the intra blocks, on the
+   * SMs the state blocks leave, set the pace, and the row work would move onto them from a
+   * kernel on every SM (H200, (1,8192,16,128) fwd+bwd 2.28 -> 2.34 ms); =1 forces it there too */
   const char *re = getenv("KDA_KDA_ROWS_IN");
+  int fuse = re ? strcmp(re, "0") != 0 : intra;
   *ri = rowin{};
-  if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && !(re && strcmp(re, "0") == 0)) {
+  if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && fuse) {
     *ri = rowin{q, k, g, beta, A_log, dt_bias, w.Kb != nullptr};
     k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
     LAUNCH_OK("k_chunk_table", "kda cuda");

@@ -146,13 +146,17 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
  * sums in k_rows4's order (LW and the arithmetic as its instantiation for this K): the same
  * values bit for bit (test_kda_cuda compares the two fronts). K % 4 == 0, K <= 4 LW, 8-byte
  * aligned q, k, g (kda_cuda.cu front); pad rows and columns zero, as the staged tiles'. */
-template <int LW, int RW>
+template <int LW, int RW, class FM>
 static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,
                                                   float *Gs, float *bs, int KS, int C, int n, int64_t t0,
-                                                  int64_t h) {
-  /* RW: a lane group's rows in flight (its 12 RW registers of loads) */
+                                                  int64_t h, FM mid) {
+  /* RW: a lane group's rows in flight (its 12 RW registers of loads); mid(): the caller's work
+   * that needs none of this, run while the first pass's loads fly (and beta's: thread r loads
+   * row r's, C <= 64 <= the block's threads) */
   const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
   const int ng = BT / LW, lane = threadIdx.x % LW, grp = threadIdx.x / LW, d = 4 * lane, K16 = r16(K);
+  const int rb = threadIdx.x;
+  const float braw = rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
   const float ea = ri.A_log ? expf(ri.A_log[h]) : 1.f;
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
@@ -166,6 +170,7 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
         xq[u] = ld4b(ri.q, iq), xk[u] = ld4b(ri.k, iq), xg[u] = ld4b(ri.g, ROWI(r) * K + d);
       }
     }
+    if (r0 == 0) mid();
 #pragma unroll
     for (int u = 0; u < RW; u++) {
       int r = r0 + u * ng + grp;
@@ -181,10 +186,10 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
       if (ri.wr && live) *(float4 *)(w.qn + ROWI(r) * K + d) = qn, *(float4 *)(w.kn + ROWI(r) * K + d) = kn;
     }
   }
-  for (int r = threadIdx.x; r < C; r += BT) {
-    float b = r < n ? beta_act(p, ldb(ri.beta, ROWI(r))) : 0.f;
-    bs[r] = b;
-    if (ri.wr && r < n) w.b[ROWI(r)] = b;
+  if (rb < C) {
+    float b = rb < n ? beta_act(p, braw) : 0.f;
+    bs[rb] = b;
+    if (ri.wr && rb < n) w.b[ROWI(rb)] = b;
   }
 }
 
@@ -229,14 +234,18 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
         cp_async16(vr + r * VB + c, (const sbf *)v + (ok ? ROWI(r) * V + c : 0), ok);
       }
   }
-  for (int e = tid; e < C * CS; e += BT) {
-    As[e] = 0.f, Ls[e] = 0.f;
-    if (!CM) Ms[e] = 0.f;                          /* CM: M's region holds X until the inverse */
-  }
-  if (!ri.q) for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  /* every row in one pass at C = 64, 512 threads; CM: two (its blocks are held to 64 registers) */
-  else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h);
-  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h);
+  auto zero = [&] {
+    for (int e = tid; e < C * CS; e += BT) {
+      As[e] = 0.f, Ls[e] = 0.f;
+      if (!CM) Ms[e] = 0.f;                        /* CM: M's region holds X until the inverse */
+    }
+  };
+  if (!ri.q) {
+    zero();
+    for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  }                                                /* every row in one pass at C = 64, 512 threads; */
+  else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
+  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);   /* CM: two (64 registers) */
   cp_async_wait_all();
   __syncthreads();
   PH(0);
