@@ -10,6 +10,10 @@
 #include "kda_state.cuh"
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
+/* The rows and mat kernels' fast products take a warp's two column-sharing tiles together
+ * (warp_tiles16's NPM = 2: interleaved MMA chains, one B fragment for both). H200, one run:
+ * TODO (applied to every product, wip/pair, it lost in k_intra_tc and at (1,8192,16,128)) */
+constexpr int NPB = 2;
 /* The contractions over V: dQ = dO S0^T, dKi = Vn dSe^T, dW = -dVn S0^T (k_bwd_final_tc applies
  * dQ's s e^G and dKi's e^{Gn-G}: it stages G anyway, and without G this kernel's tiles fit two
  * blocks an SM at K = V = 128), and dgn = rowsum_V(S0 . dSe). Staging is all cp.async, in the
@@ -181,9 +185,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
       __syncthreads();
     }
     PH(1);
-    mma_ldm(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
+    mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
     PH(2);
-    mma_ldm(C, K16, bt{dVn, DV, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
+    mma_ldm<NPB>(C, K16, bt{dVn, DV, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
     if (!vnx) {
       __syncthreads();                             /* every warp done with dVn */
       cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
@@ -191,7 +195,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_async_wait_all();
     __syncthreads();
     PH(3);
-    mma_ldm(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
+    mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
   } else {
     float *R1 = sm, *R2 = R1 + K16 * VS;
     sbf *dO = (sbf *)(R2 + C * VS);
@@ -361,7 +365,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                        [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
   else
-    mma_ldm(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
+    mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
   cp_async_wait_all();
   __syncthreads();                                 /* the rest landed; every warp done with VnF before dM overwrites it */
   /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
@@ -396,7 +400,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
                  [&](int k, int j) { return k < V16 ? bs[j] * f(Vr[j * VB + k]) : Kb[j * KS + k - V16]; },
                  pairs2(dm_out));
   else   /* [dVn | dW] and Kb by ldmatrix, bV formed per load */
-    mma_tf2(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
+    mma_tf2<NPB>(C, C, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); }, V16, tft{dWs, KS},
             tft{Kb, KS}, K16, pairs2(dm_out));
   __syncthreads();
   PH(2);
@@ -408,7 +412,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     mma_blk4<PT>(C, C, C, [&](int i, int m) { return dM[i * CS + m]; }, [&](int m, int j) { return Ms[j * CS + m]; },
                  pairs2(x_out));
   else
-    mma_tf(C, C, C, tft{dM, CS}, tft{Ms, CS}, pairs2(x_out));
+    mma_tf<NPB>(C, C, C, tft{dM, CS}, tft{Ms, CS}, pairs2(x_out));
   __syncthreads();
   if constexpr (CM && !PR) {                       /* dM is dead: M^T in its place */
     for (int e = threadIdx.x; e < C * C; e += BT) MsT[(e % C) * CS + e / C] = Ms[e / C * CS + e % C];
@@ -422,7 +426,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     if (i < n) st2f(w.dL + ROWI(i) * C + j, dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
   };
   if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out));
-  else mma_tf(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out));
+  else mma_tf<NPB>(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out));
   PH(4);
   /* dv = b (M^T dVn) (tf32); keep (M^T dVn) . v in w.dvn (staged above, dead now; not in w.vn,
    * which a kept forward's backward must leave intact, see kda_cuda.h) for the dbeta row sums */
@@ -436,7 +440,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     }
   };
   if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, pairs2(dv_out));
-  else mma_tf(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out));
+  else mma_tf<NPB>(C, V16, C, tft{MsT, CS}, dvb, pairs2(dv_out));
   PH(5);
   /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
@@ -444,7 +448,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
   };
   if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out));
-  else mma_tf(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
+  else mma_tf<NPB>(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* global writes above visible to the block */
   PH(6);
   int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;

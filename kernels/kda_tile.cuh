@@ -237,21 +237,38 @@ struct bt {
 };
 /* The 16x16 output tiles of an M x N product, warp w taking the tiles t with t % nwarps == w
  * (so every call with the same (M, N) gives an element the same thread): acc(i0, j0, c)
- * accumulates a tile's two 16x8 halves into c[0], c[1] (mma C fragments), then E4 gets each
- * half as mma_blk4 hands its tiles. mma_ldm and mma_tf2 are this loop with their fragments. */
-template <class FK, class FE, class FL = no_pre>
+ * accumulates the two 16x8 halves of NP tiles at rows i0[u], columns j0 into c[u][0], c[u][1]
+ * (mma C fragments), then E4 gets each half as mma_blk4 hands its tiles. NPM = 2: where a
+ * warp's tiles share their columns (nwarps a multiple of N / 16) it takes them two at a time,
+ * the two MMA chains interleaved k step by k step with one B fragment (the same sums, the same
+ * owners). mma_ldm and mma_tf2 are this loop with their fragments. */
+template <int NPM = 1, class FK, class FE, class FL = no_pre>
 static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4, FL L = FL()) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nw = blockDim.x >> 5;
-  int tn = N >> 4, nt = (M >> 4) * tn;
-  for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
-    int i0 = (tile / tn) << 4, j0 = (tile % tn) << 4;
-    const auto pre0 = L(i0 + g, j0 + 2 * t), pre1 = L(i0 + g, j0 + 8 + 2 * t);   /* before the MMAs */
-    float c[2][4] = {};
+  int tn = N >> 4, nt = (M >> 4) * tn, tile = threadIdx.x >> 5;
+  auto run = [&](auto np) {
+    constexpr int NP = decltype(np)::value;
+    int i0[NP], j0 = (tile % tn) << 4;
+    decltype(L(0, 0)) pre[NP][2];
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+      i0[u] = ((tile + u * nw) / tn) << 4;
+      pre[u][0] = L(i0[u] + g, j0 + 2 * t), pre[u][1] = L(i0[u] + g, j0 + 8 + 2 * t);   /* before the MMAs */
+    }
+    float c[NP][2][4] = {};
     acc(i0, j0, c);
-    epi_call<FL>(E4, i0 + g, j0 + 2 * t, c[0][0], c[0][1], c[0][2], c[0][3], pre0);
-    epi_call<FL>(E4, i0 + g, j0 + 8 + 2 * t, c[1][0], c[1][1], c[1][2], c[1][3], pre1);
-  }
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+      epi_call<FL>(E4, i0[u] + g, j0 + 2 * t, c[u][0][0], c[u][0][1], c[u][0][2], c[u][0][3], pre[u][0]);
+      epi_call<FL>(E4, i0[u] + g, j0 + 8 + 2 * t, c[u][1][0], c[u][1][1], c[u][1][2], c[u][1][3], pre[u][1]);
+    }
+  };
+  if (NPM == 2 && nw % tn == 0)
+    for (; tile + nw < nt; tile += 2 * nw) run(std::integral_constant<int, 2>());
+  for (; tile < nt; tile += nw) run(std::integral_constant<int, 1>());
 }
+/* NP, the tiles of an acc call (the extent of its i0 array) */
+#define ACC_NP(i0) ((int)std::extent<std::remove_reference_t<decltype(i0)>>::value)
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product); E4 as
  * mma_blk4's. Tiles as warp_tiles16's: one A fragment feeds two MMAs, three ldmatrix per two
  * MMAs instead of two per one; read-modify-write epilogues need no barrier between calls with
@@ -285,9 +302,11 @@ static __device__ __forceinline__ void ldm_acc(const int *i0, int j0, bt A0, bt 
     }
   }
 }
-template <class FE>
+template <int NPM = 1, class FE>
 static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
-  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) { ldm_acc<1, 2>(&i0, j0, A0, B0, K0, A1, B1, K1, &c); }, E4);
+  warp_tiles16<NPM>(M, N, [&](const auto &i0, int j0, auto &c) {
+    ldm_acc<ACC_NP(i0), 2>(i0, j0, A0, B0, K0, A1, B1, K1, c);
+  }, E4);
 }
 
 /* ---- tf32 MMAs with pre-rounded operands (the fast kernels' fp32 products) ------------------
@@ -309,31 +328,37 @@ struct tft2 {
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product), each operand
  * a tile or an accessor as above */
-template <class FA0, class FB0, class FA1, class FB1, class FE, class FL = no_pre>
+template <int NPM = 1, class FA0, class FB0, class FA1, class FB1, class FE, class FL = no_pre>
 static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int K0, FA1 A1, FB1 B1, int K1, FE E4,
                                                FL L = FL()) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  warp_tiles16(M, N, [&](int i0, int j0, float (&c)[2][4]) {
+  warp_tiles16<NPM>(M, N, [&](const auto &i0, int j0, auto &c) {
+    constexpr int NP = ACC_NP(i0);
     auto seg = [&](auto A, auto B, int Kd) {
       typedef std::decay_t<decltype(A)> TA;
       typedef std::decay_t<decltype(B)> TB;
 #pragma unroll 2
       for (int k0 = 0; k0 < Kd; k0 += 8) {
-        uint32_t a[4], b[4];
-        if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, i0, k0, lane);
-        else if constexpr (std::is_same<TA, tft2>::value)
-          ldsm_tf32_a(a, i0 < 16 ? A.p0 : A.p1 - 16 * A.ld, A.ld, i0, k0, lane);
-        else {
-          a[0] = __float_as_uint(A(i0 + g, k0 + t)), a[1] = __float_as_uint(A(i0 + g + 8, k0 + t));
-          a[2] = __float_as_uint(A(i0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(i0 + g + 8, k0 + t + 4));
-        }
+        uint32_t b[4];
         if constexpr (std::is_same<TB, tft>::value) ldsm_tf32_b(b, B.p, B.ld, j0, k0, lane);
         else {
           b[0] = __float_as_uint(B(k0 + t, j0 + g)), b[1] = __float_as_uint(B(k0 + t + 4, j0 + g));
           b[2] = __float_as_uint(B(k0 + t, j0 + 8 + g)), b[3] = __float_as_uint(B(k0 + t + 4, j0 + 8 + g));
         }
-        mma_tf32(c[0][0], c[0][1], c[0][2], c[0][3], a, b);
-        mma_tf32(c[1][0], c[1][1], c[1][2], c[1][3], a, b + 2);
+#pragma unroll
+        for (int u = 0; u < NP; u++) {
+          uint32_t a[4];
+          const int r0 = i0[u];
+          if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, r0, k0, lane);
+          else if constexpr (std::is_same<TA, tft2>::value)
+            ldsm_tf32_a(a, r0 < 16 ? A.p0 : A.p1 - 16 * A.ld, A.ld, r0, k0, lane);
+          else {
+            a[0] = __float_as_uint(A(r0 + g, k0 + t)), a[1] = __float_as_uint(A(r0 + g + 8, k0 + t));
+            a[2] = __float_as_uint(A(r0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(r0 + g + 8, k0 + t + 4));
+          }
+          mma_tf32(c[u][0][0], c[u][0][1], c[u][0][2], c[u][0][3], a, b);
+          mma_tf32(c[u][1][0], c[u][1][1], c[u][1][2], c[u][1][3], a, b + 2);
+        }
       }
     };
     seg(A0, B0, K0);
@@ -341,9 +366,9 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
   }, E4, L);
 }
 /* L (optional): the epilogue's global loads, as mma_blk4's */
-template <class FA, class FB, class FE, class FL = no_pre>
+template <int NPM = 1, class FA, class FB, class FE, class FL = no_pre>
 static __device__ __forceinline__ void mma_tf(int M, int N, int Kd, FA A, FB B, FE E4, FL L = FL()) {
-  mma_tf2(M, N, A, B, Kd, A, B, 0, E4, L);
+  mma_tf2<NPM>(M, N, A, B, Kd, A, B, 0, E4, L);
 }
 /* a two-column epilogue E2(i, j, c_j, c_j+1) as an E4: a thread's outputs of one row are two
  * adjacent columns (j even), so a store epilogue can write them with one 8-byte (fp32) or
