@@ -556,20 +556,22 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
  * Version 2 at K % 4 == 0, K <= 128, 8-byte aligned q, k, g: the fused front, k_intra_tc
  * doing the row preprocessing of its chunk itself (intra_rows in kda_tc.cu; *ri its inputs),
  * after a one-block kernel for the chunk table; KDA_KDA_ROWS_IN=0 turns it off (read per
- * call: test_kda_cuda compares the two). H200, one run: TODO */
+ * call: test_kda_cuda compares the two). H200, one run, three rounds (2026-12-01s23b; with the
+ * forward's skipped G and M writes, kda_tc.cu): fwd (8,2048,16,128) 1.139-1.147 -> 1.045-1.058
+ * ms, (1,8192,16,128) 0.760-0.764 -> 0.721-0.735, in a graph (32,512,4,64) 0.156-0.157 ->
+ * 0.138, (8,512,4,64) 0.057 -> 0.051; fwd+bwd 3.685-3.697 -> 3.629-3.656, 2.29-2.30 either
+ * way, 0.513 -> 0.502, 0.159 -> 0.156-0.157. Its first form (f8ea09c: the tile zeroing before
+ * the loads, not beside them as intra_rows' mid; beta's load after the rows') lost 2.6% at
+ * (1,8192,16,128) fwd+bwd (s23a) */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
                  const ws &w, cudaStream_t st, const char *op, int tc, int prec, rowin *ri, int intra = 1) {
   int64_t NTu = n_chunks_max(a);
   unsigned nbr = (unsigned)((a->B * a->T * a->HV + 7) / 8);
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
-  /* not where the forward's flow kernel runs intra (intra = 0): there the intra blocks, on the
-   * SMs the state blocks leave, set the pace, and the row work would move onto them from a
-   * kernel on every SM (H200, (1,8192,16,128) fwd+bwd 2.28 -> 2.34 ms); =1 forces it there too */
   const char *re = getenv("KDA_KDA_ROWS_IN");
-  int fuse = re ? strcmp(re, "0") != 0 : intra;
   *ri = rowin{};
-  if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && fuse) {
+  if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && !(re && strcmp(re, "0") == 0)) {
     *ri = rowin{q, k, g, beta, A_log, dt_bias, w.Kb != nullptr};
     k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
     LAUNCH_OK("k_chunk_table", "kda cuda");

@@ -11,8 +11,11 @@
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
 /* The rows and mat kernels' fast products take a warp's two column-sharing tiles together
- * (warp_tiles16's NPM = 2: interleaved MMA chains, one B fragment for both). H200, one run:
- * TODO (applied to every product, wip/pair, it lost in k_intra_tc and at (1,8192,16,128)) */
+ * (warp_tiles16's NPM = 2: interleaved MMA chains, one B fragment for both; k_bwd_rows_tc at
+ * K = 128 46 -> 63 registers, still two blocks of 512 an SM). H200, one run, three rounds
+ * (2026-12-01s23b): fwd+bwd (8,2048,16,128) 3.629-3.656 -> 3.575-3.600 ms, (1,8192,16,128)
+ * 2.299-2.311 -> 2.288-2.295, the small shapes equal, the precise backward 9.05 -> 9.00.
+ * Applied to every product (wip/pair) it lost in k_intra_tc and at (1,8192,16,128) */
 constexpr int NPB = 2;
 /* The contractions over V: dQ = dO S0^T, dKi = Vn dSe^T, dW = -dVn S0^T (k_bwd_final_tc applies
  * dQ's s e^G and dKi's e^{Gn-G}: it stages G anyway, and without G this kernel's tiles fit two
