@@ -7,6 +7,8 @@
  * Pipeline (one value head h, chunk = C rows, tokens tt = absolute rows of the B*T axis):
  *   k_rows       per (token, value head): l2-normalised q, k; gate -> log-decay; beta; its
  *                last block: the chunk table (seq, first token, rows) from cu_seqlens or B, T
+ *                (version 2 at K % 4 == 0, K <= 128: k_chunk_table alone, and k_intra_tc
+ *                does its chunk's rows: the fused front, front() below)
  *   k_intra      per (chunk, head): G = cumsum g; Aqk (x s), L, M = (I+L)^-1 (forward
  *                substitution); W = M Kb, U = M (bV), kg = k e^{Gn-G}, qg = q e^G
  *   k_state_fwd  per (sequence, head, 32 V columns), sequential over chunks: Vn = U - W S,
@@ -575,8 +577,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     *ri = rowin{q, k, g, beta, A_log, dt_bias, w.Kb != nullptr};
     k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
     LAUNCH_OK("k_chunk_table", "kda cuda");
-  }
-  else {                                           /* each row kernel's grid has one more block: the chunk table */
+  } else {                                         /* each row kernel's grid has one more block: the chunk table */
     if (a->K % 4 == 0 && al8 && a->K <= 64)
       k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
     else if (a->K % 4 == 0 && al8 && a->K <= 128)

@@ -240,12 +240,13 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       if (!CM) Ms[e] = 0.f;                        /* CM: M's region holds X until the inverse */
     }
   };
+  /* the fused front's RW: every row in one pass at C = 64, 512 threads; CM two passes (its
+   * blocks are held to 64 registers) */
   if (!ri.q) {
     zero();
     for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  }                                                /* every row in one pass at C = 64, 512 threads; */
-  else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
-  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);   /* CM: two (64 registers) */
+  } else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
+  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
   cp_async_wait_all();
   __syncthreads();
   PH(0);
