@@ -81,11 +81,12 @@ static __device__ __forceinline__ void st_reg_st(const kp &p, float *dst, int64_
   });
 }
 /* mma_ldm's accumulation (ldm_acc: the same fragments, k order and accumulators) for the
- * 16 x 16 tiles wp + u NW (u < NU) of an M x BVW product, which share their columns: the
- * warp's NU tiles interleaved k step by k step, one B fragment for all of them (mma_ldm runs
- * a warp's tiles one after another, each with its own B fragment). Vn, o and dVn through it instead of
- * mma_ldm (two tiles a warp): H200, one run, three rounds, (8,2048,16,128) fwd 1.166-1.170 ->
- * 1.141-1.150 ms, fwd+bwd 3.725-3.727 -> 3.699-3.704 */
+ * 16 x 16 tiles wp + u NW (u < NU) of the K x BVW state, which share their columns: the warp's
+ * NU tiles interleaved k step by k step, one B fragment for all of them, into registers the
+ * update keeps. Vn, o and dVn take their warp's two tiles the same way (mma_ldm's pairing,
+ * NPM = 2, at this loop's unroll): against one tile at a time, each with its own B fragment,
+ * H200, one run, three rounds, (8,2048,16,128) fwd 1.166-1.170 -> 1.141-1.150 ms, fwd+bwd
+ * 3.725-3.727 -> 3.699-3.704 */
 template <int NU, int NW>
 static __device__ __forceinline__ void wide_acc(float (&c)[NU][2][4], bt A0, bt B0, int K0, bt A1, bt B1, int K1) {
   constexpr int tn = BVW / 16;
@@ -94,21 +95,6 @@ static __device__ __forceinline__ void wide_acc(float (&c)[NU][2][4], bt A0, bt 
 #pragma unroll
   for (int u = 0; u < NU; u++) i0[u] = ((wp + u * NW) / tn) << 4;
   ldm_acc<NU, 1>(i0, (wp % tn) << 4, A0, B0, K0, A1, B1, K1, c);   /* unroll 1: registers (NU = 4 at K = 128) */
-}
-/* C = A0 B0 (K0) + A1 B1 (K1) for an (NU NW 16 / (BVW / 16)) x BVW product, E4 as mma_ldm's
- * (same tiles to the same warps; products bit-identical to mma_ldm's) */
-template <int NU, int NW, class FE>
-static __device__ __forceinline__ void mma_ldm_w(bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
-  constexpr int tn = BVW / 16;
-  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 2, t2 = 2 * (lane & 3);
-  float c[NU][2][4] = {};
-  wide_acc<NU, NW>(c, A0, B0, K0, A1, B1, K1);
-#pragma unroll
-  for (int u = 0; u < NU; u++) {
-    int i0 = ((wp + u * NW) / tn) << 4, j0 = ((wp + u * NW) % tn) << 4;
-    E4(i0 + g, j0 + t2, c[u][0][0], c[u][0][1], c[u][0][2], c[u][0][3]);
-    E4(i0 + g, j0 + 8 + t2, c[u][1][0], c[u][1][1], c[u][1][2], c[u][1][3]);
-  }
 }
 /* R <- e^{G_last} R + (A0 B0 (K0) + A1 B1 (K1)), Sb <- its bf16 shadow: wide_acc's product with
  * the update st_s_upd2 applies */
@@ -129,8 +115,10 @@ template <int KV>
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const float *h0, void *o, float *ht) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTW>(p);
-  /* a warp's tiles: NU of the K x BVW state, NC of the C x BVW products (C = 64: kv_fix) */
+  /* a warp's tiles: NU of the K x BVW state, NC of the C x BVW products (C = 64: kv_fix), which
+   * mma_ldm's pairing takes together (NPM = 2) */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
+  static_assert(NC == 2, "mma_ldm pairs a warp's two tiles");
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
@@ -145,15 +133,15 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     st_glast gl = st_fwd_top(p, w, t, ci, t0, m, h, c0);
-    mma_ldm_w<NC, NW>(bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,      /* Vn = U - W S */
-                      pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
+    mma_ldm<NC, 1>(p.C, BVW, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,   /* Vn = U - W S */
+                   pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_U);
     cp_async_commit();
-    mma_ldm_w<NC, NW>(bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
-                      pairs2([&](int r, int c, float x0, float x1) {
-                        if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
-                      }));
+    mma_ldm<NC, 1>(p.C, BVW, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
+                   pairs2([&](int r, int c, float x0, float x1) {
+                     if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
+                   }));
     st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk and Sb's readers done */
@@ -174,6 +162,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
   kv_fix<KV, NTW>(p);
   /* a warp's tiles, as in the forward pass */
   constexpr int NW = NTW / 32, NU = (KV / 16) * (BVW / 16) / NW, NC = (64 / 16) * (BVW / 16) / NW;
+  static_assert(NC == 2, "mma_ldm pairs a warp's two tiles");
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);
@@ -191,10 +180,10 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
     int m = w.ctab[4 * ci + 2];
     st_glast gl = st_rev_top(p, w, t, ci, t0, m, h, c0, dout);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn into Vb, dVn to the global fp32 and bf16 copies */
-    mma_ldm_w<NC, NW>(bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
-                      pairs2([&](int r, int c, float x0, float x1) {
-                        st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c);
-                      }));
+    mma_ldm<NC, 1>(p.C, BVW, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+                   pairs2([&](int r, int c, float x0, float x1) {
+                     st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, dvb0 + r * HVV + c);
+                   }));
     st_en_store(p, t, gl);
     cp_async_wait_group<0>();                      /* s qg, W */
     __syncthreads();                               /* Aqk, kg dead; Sb's readers done */

@@ -277,7 +277,7 @@ static __device__ __forceinline__ void warp_tiles16(int M, int N, FK acc, FE E4,
 /* mma_ldm's k loop for NP 16x16 tiles at rows i0[u], all at columns j0: c[u][0], c[u][1] (C
  * fragments) accumulate the K-concatenated product, one B fragment a k step for the NP tiles
  * (their MMA chains interleaved; the wide state passes take a warp's tiles so); UK: the k
- * loop's unroll */
+ * loop's unroll (2; 1 in the wide state passes, at 127 of their 128 registers) */
 template <int NP, int UK>
 static __device__ __forceinline__ void ldm_acc(const int *i0, int j0, bt A0, bt B0, int K0, bt A1, bt B1, int K1,
                                                float (*c)[2][4]) {
@@ -302,10 +302,10 @@ static __device__ __forceinline__ void ldm_acc(const int *i0, int j0, bt A0, bt 
     }
   }
 }
-template <int NPM = 1, class FE>
+template <int NPM = 1, int UK = 2, class FE>
 static __device__ __forceinline__ void mma_ldm(int M, int N, bt A0, bt B0, int K0, bt A1, bt B1, int K1, FE E4) {
   warp_tiles16<NPM>(M, N, [&](const auto &i0, int j0, auto &c) {
-    ldm_acc<ACC_NP(i0), 2>(i0, j0, A0, B0, K0, A1, B1, K1, c);
+    ldm_acc<ACC_NP(i0), UK>(i0, j0, A0, B0, K0, A1, B1, K1, c);
   }, E4);
 }
 
