@@ -256,6 +256,103 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     if (w.Kb || r == n - 1) w.G[ROWI(r) * K + d] = x;
   });
   PH(1);
+  /* The flat chunk: when the chunk's whole decay span (max over key dims of G_first - G_last)
+   * is at most CHUNK_SPAN, every pair (i, j) factors around one reference a key dim, the
+   * span's middle Gm = (G_first + G_last) / 2: e^{G_i - G_j} = e^{G_i - Gm} e^{Gm - G_j},
+   * each factor within [e^-64, e^64] as the per-block form's (DIAG_SPAN). Aqk and L are then
+   * products of the whole chunk, Y = [q; k] e^{G - Gm} against X = k e^{Gm - G}, diagonal
+   * blocks included, their operands built in one pass (with kg, s qg), instead of four rounds
+   * of a block's rows against an X rebuilt around the block (each behind two barriers). Y's q
+   * half replaces q (dead after the pass), its k half takes Y's tile and, past row 32, M's
+   * (free until the inverse; CM: Y again, in a second round). Steeper chunks take the
+   * per-block form below. */
+  constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
+  const int K4 = K16 / 4, m16 = r16(n);
+  bool flat;
+  {
+    bool st = false;
+    for (int d = tid; d < K; d += BT) st |= Gs[d] - Gs[(n - 1) * KS + d] > CHUNK_SPAN;
+    flat = !__syncthreads_or(st) && (CM || C <= 32 || (C - 32) * KS <= C * CS);
+  }
+  auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
+  auto mul4 = [](float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); };
+  auto st4b = [](sbf *dst, float4 x) {             /* four bf16 (RN), one 8-byte store */
+    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 u = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
+    *(uint2 *)dst = u;
+  };
+  /* Yk's row r (flat): Y's rows, then M's (CM: Y's again, in the second round) */
+  auto yk_row = [&](int r) { return r < 32 ? Y + r * KS : (CM ? Y + (r - 32) * KS : Ms + (r - 32) * KS); };
+  /* e^{G - Gm} and e^{Gm - G} of row r, four columns from d */
+  auto flat_exps = [&](int r, int d, float4 &up, float4 &dn) {
+    float4 G = *(const float4 *)(Gs + r * KS + d), g0 = *(const float4 *)(Gs + d),
+           gl = *(const float4 *)(Gs + (n - 1) * KS + d);
+    float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
+    up = make_float4(kexp(G.x - m[0]), kexp(G.y - m[1]), kexp(G.z - m[2]), kexp(G.w - m[3]));
+    dn = make_float4(kexp(m[0] - G.x), kexp(m[1] - G.y), kexp(m[2] - G.z), kexp(m[3] - G.w));
+  };
+  /* kg, s qg (bf16 or PR fp32, pad columns zero) for the state passes; flat: X, Y (rows past n
+   * zero: q, k's pad rows are) */
+  for (int e = tid; e < (flat ? m16 : n) * K4; e += BT) {
+    int r = e / K4, d = (e % K4) * 4;
+    float4 kr = *(const float4 *)(ks + r * KS + d), qr = *(const float4 *)(qs + r * KS + d);
+    if (r < n) {
+      float4 G = *(const float4 *)(Gs + r * KS + d), Gn = *(const float4 *)(Gs + (n - 1) * KS + d);
+      float g4[4] = {G.x, G.y, G.z, G.w}, n4[4] = {Gn.x, Gn.y, Gn.z, Gn.w};
+      float k4[4] = {kr.x, kr.y, kr.z, kr.w}, q4[4] = {qr.x, qr.y, qr.z, qr.w}, kg[4], qg[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        float a = k4[u] * kexp(n4[u] - g4[u]), b = q4[u] * kexp(g4[u]);
+        kg[u] = d + u < K ? a : 0.f, qg[u] = d + u < K ? p.scale * b : 0.f;
+      }
+      float4 kg4 = make_float4(kg[0], kg[1], kg[2], kg[3]), qg4 = make_float4(qg[0], qg[1], qg[2], qg[3]);
+      if (PR) *(float4 *)(w.kg + ROWI(r) * K16 + d) = kg4, *(float4 *)(w.qg + ROWI(r) * K16 + d) = qg4;
+      else st4b(w.kgb + ROWI(r) * K16 + d, kg4), st4b(w.qgb + ROWI(r) * K16 + d, qg4);
+    }
+    if (flat) {
+      float4 up, dn;
+      flat_exps(r, d, up, dn);
+      *(float4 *)(X + r * KS + d) = rnd(mul4(kr, dn));
+      *(float4 *)(qs + r * KS + d) = rnd(mul4(qr, up));   /* Yq: q is dead from here */
+      if (!CM || r < 32) *(float4 *)(yk_row(r) + d) = rnd(mul4(kr, up));
+    }
+  }
+  unsigned exact = 0;                              /* blocks whose diagonal needs the exact form */
+  if (flat) {
+    __syncthreads();
+    PH(2);
+    /* a row's two adjacent entries in one store; zero above the diagonal (L: on it too) */
+    auto aq_out = [&](int i, int j, float c0, float c1) {
+      if (i < n) *(float2 *)(As + i * CS + j) = make_float2(j <= i ? p.scale * c0 : 0.f, j + 1 <= i ? p.scale * c1 : 0.f);
+    };
+    auto l_out = [&](int i0) {
+      return [&, i0](int ii, int j, float c0, float c1) {
+        int i = i0 + ii;
+        if (i < n) *(float2 *)(Ls + i * CS + j) = make_float2(j < i ? bs[i] * c0 : 0.f, j + 1 < i ? bs[i] * c1 : 0.f);
+      };
+    };
+    auto xb = [&](int d, int j) { return X[j * KS + d]; };
+    auto prod = [&](int M, const float *A, auto out) {
+      if constexpr (PR) mma_blk4<PT>(M, m16, K16, [&](int i, int d) { return A[i * KS + d]; }, xb, pairs2(out));
+      else mma_tf(M, m16, K16, tft{A, KS}, tft{X, KS}, pairs2(out));
+    };
+    prod(m16, qs, aq_out);
+    prod(min(m16, 32), Y, l_out(0));
+    if (m16 > 32) {
+      if (CM) {                                    /* Yk's rows 32 .. into Y, once its first rows are read */
+        __syncthreads();
+        for (int e = tid; e < (m16 - 32) * K4; e += BT) {
+          int r = 32 + e / K4, d = (e % K4) * 4;
+          float4 up, dn;
+          flat_exps(r, d, up, dn);
+          *(float4 *)(yk_row(r) + d) = rnd(mul4(*(const float4 *)(ks + r * KS + d), up));
+        }
+        __syncthreads();
+      }
+      prod(m16 - 32, yk_row(32), l_out(32));
+    }
+    PH(3);
+  }
   /* Rows of block I (rows r = 16 I .. r + 15) against columns j <= their own, factored around
    * row r: e^{G_i - G_j} = e^{G_i - G_r} e^{G_r - G_j}, so each entry is one tf32 MMA dot
    * product of Y_i = [q_i; k_i] e^{G_i - G_r} with X_j = k_j e^{G_r - G_j}. Off the diagonal
@@ -264,8 +361,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * span <= DIAG_SPAN both stay normal floats and the diagonal joins the MMA; a block with a
    * steeper decay takes the exact per-pair exponents below instead. H200, (8,2048,16,128): the
    * per-pair phase was 18.2k of k_intra_tc's 79.9k cycles a block. */
-  unsigned exact = 0;                              /* blocks whose diagonal needs the exact form */
-  for (int I = 0; I < C / 16 && 16 * I < n; I++) {
+  for (int I = 0; !flat && I < C / 16 && 16 * I < n; I++) {
     int r = 16 * I, last = min(r + 15, n - 1);
     bool steep = false;
     for (int d = tid; d < K; d += BT) steep |= Gs[r * KS + d] - Gs[last * KS + d] > DIAG_SPAN;
@@ -273,8 +369,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     int nx = exact >> I & 1 ? r : r + 16;          /* X rows: j < r, and the block's own rows */
     if (!nx) continue;
     /* X, Y: MMA operands only (tf32, mma_tf); built four columns at a time (float4) */
-    auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
-    const int K4 = K16 / 4;
     for (int e = tid; e < nx * K4; e += BT) {      /* X[j] = k_j e^{G_r - G_j} */
       int j = e / K4, d = (e % K4) * 4;
       float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
@@ -341,7 +435,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   }
   PH(4);
   __syncthreads();
-  if (CM) {                                        /* M in the X region, which held operands */
+  if (CM || flat) {                                /* M's tile held operands (CM: it is X's region) */
     for (int e = tid; e < C * CS; e += BT) Ms[e] = 0.f;
     __syncthreads();
   }
@@ -359,11 +453,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * the bytes and ready for 16-byte cp.async (rows of K16 with zero pad columns for W, qg, kg).
    * PR: the same tiles in fp32 (rows of K16, and of C for Aqk) */
   /* four columns at a time (C and K16 are multiples of 16: rows stay 16-byte aligned) */
-  auto st4b = [](sbf *dst, float4 x) {             /* four bf16 (RN), one 8-byte store */
-    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
-    uint2 u = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
-    *(uint2 *)dst = u;
-  };
   for (int e = tid; e < n * (C / 4); e += BT) {
     int i = e / (C / 4), j = (e % (C / 4)) * 4;
     float4 a = *(const float4 *)(As + i * CS + j), m = *(const float4 *)(Ms + i * CS + j);
@@ -372,21 +461,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     if (w.Kb) *(float4 *)(w.M + ROWI(i) * C + j) = m;   /* k_bwd_mat_tc's, only a backward's */
     if (!PR) *(float4 *)(Ms + i * CS + j) = make_float4(tf32r(m.x), tf32r(m.y), tf32r(m.z), tf32r(m.w));
   }                                                /* Ms: from here an MMA operand only */
-  for (int e = tid; e < n * (K16 / 4); e += BT) {  /* kg, s qg (bf16 or PR fp32, pad columns zero) */
-    int r = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
-    float4 G = *(const float4 *)(Gs + r * KS + d), Gn = *(const float4 *)(Gs + (n - 1) * KS + d);
-    float4 kr = *(const float4 *)(ks + r * KS + d), qr = *(const float4 *)(qs + r * KS + d);
-    float g4[4] = {G.x, G.y, G.z, G.w}, n4[4] = {Gn.x, Gn.y, Gn.z, Gn.w};
-    float k4[4] = {kr.x, kr.y, kr.z, kr.w}, q4[4] = {qr.x, qr.y, qr.z, qr.w}, kg[4], qg[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      float a = k4[u] * kexp(n4[u] - g4[u]), b = q4[u] * kexp(g4[u]);
-      kg[u] = d + u < K ? a : 0.f, qg[u] = d + u < K ? p.scale * b : 0.f;
-    }
-    float4 kg4 = make_float4(kg[0], kg[1], kg[2], kg[3]), qg4 = make_float4(qg[0], qg[1], qg[2], qg[3]);
-    if (PR) *(float4 *)(w.kg + ROWI(r) * K16 + d) = kg4, *(float4 *)(w.qg + ROWI(r) * K16 + d) = qg4;
-    else st4b(w.kgb + ROWI(r) * K16 + d, kg4), st4b(w.qgb + ROWI(r) * K16 + d, qg4);
-  }
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   PH(6);
   /* PB (the compiled fast wide forms): W's and U's B operands, Kb and bV, in tiles of their own
