@@ -12,15 +12,6 @@
 #include "kda_tc.cuh"
 #include "kda_state.cuh"
 
-/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
- * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
- * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
- * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
- * exponents. k_intra_tc only: in k_bwd_final_tc the same move cost more than it saved (its
- * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
- * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
- * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
-constexpr float DIAG_SPAN = 64.f;
 
 /* ---- v2 intra-chunk: G, Aqk, L (factored tf32 MMAs + exact diagonal blocks), M, W, U ------ */
 /* smem (floats): q/X/V region, k, G [C][KS]; A, L, M [C][CS]; b [C] */
@@ -259,21 +250,15 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* The flat chunk: when the chunk's whole decay span (max over key dims of G_first - G_last)
    * is at most CHUNK_SPAN, every pair (i, j) factors around one reference a key dim, the
    * span's middle Gm = (G_first + G_last) / 2: e^{G_i - G_j} = e^{G_i - Gm} e^{Gm - G_j},
-   * each factor within [e^-64, e^64] as the per-block form's (DIAG_SPAN). Aqk and L are then
+   * each factor within [e^-64, e^64] as the per-block form's (CHUNK_SPAN, kda_tc.cuh). Aqk and L are then
    * products of the whole chunk, Y = [q; k] e^{G - Gm} against X = k e^{Gm - G}, diagonal
    * blocks included, their operands built in one pass (with kg, s qg), instead of four rounds
    * of a block's rows against an X rebuilt around the block (each behind two barriers). Y's q
    * half replaces q (dead after the pass), its k half takes Y's tile and, past row 32, M's
    * (free until the inverse; CM: Y again, in a second round). Steeper chunks take the
    * per-block form below. */
-  constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
   const int K4 = K16 / 4, m16 = r16(n);
-  bool flat;
-  {
-    bool st = false;
-    for (int d = tid; d < K; d += BT) st |= Gs[d] - Gs[(n - 1) * KS + d] > CHUNK_SPAN;
-    flat = !__syncthreads_or(st) && (CM || C <= 32 || (C - 32) * KS <= C * CS);
-  }
+  const bool flat = chunk_flat(Gs, KS, n, (int)K) && (CM || C <= 32 || (C - 32) * KS <= C * CS);
   auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
   auto mul4 = [](float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); };
   auto st4b = [](sbf *dst, float4 x) {             /* four bf16 (RN), one 8-byte store */
@@ -283,14 +268,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   };
   /* Yk's row r (flat): Y's rows, then M's (CM: Y's again, in the second round) */
   auto yk_row = [&](int r) { return r < 32 ? Y + r * KS : (CM ? Y + (r - 32) * KS : Ms + (r - 32) * KS); };
-  /* e^{G - Gm} and e^{Gm - G} of row r, four columns from d */
-  auto flat_exps = [&](int r, int d, float4 &up, float4 &dn) {
-    float4 G = *(const float4 *)(Gs + r * KS + d), g0 = *(const float4 *)(Gs + d),
-           gl = *(const float4 *)(Gs + (n - 1) * KS + d);
-    float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
-    up = make_float4(kexp(G.x - m[0]), kexp(G.y - m[1]), kexp(G.z - m[2]), kexp(G.w - m[3]));
-    dn = make_float4(kexp(m[0] - G.x), kexp(m[1] - G.y), kexp(m[2] - G.z), kexp(m[3] - G.w));
-  };
   /* kg, s qg (bf16 or PR fp32, pad columns zero) for the state passes; flat: X, Y (rows past n
    * zero: q, k's pad rows are) */
   for (int e = tid; e < (flat ? m16 : n) * K4; e += BT) {
@@ -311,7 +288,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     }
     if (flat) {
       float4 up, dn;
-      flat_exps(r, d, up, dn);
+      flat_exps(Gs, KS, n, r, d, up, dn);
       *(float4 *)(X + r * KS + d) = rnd(mul4(kr, dn));
       *(float4 *)(qs + r * KS + d) = rnd(mul4(qr, up));   /* Yq: q is dead from here */
       if (!CM || r < 32) *(float4 *)(yk_row(r) + d) = rnd(mul4(kr, up));
@@ -344,7 +321,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
         for (int e = tid; e < (m16 - 32) * K4; e += BT) {
           int r = 32 + e / K4, d = (e % K4) * 4;
           float4 up, dn;
-          flat_exps(r, d, up, dn);
+          flat_exps(Gs, KS, n, r, d, up, dn);
           *(float4 *)(yk_row(r) + d) = rnd(mul4(*(const float4 *)(ks + r * KS + d), up));
         }
         __syncthreads();
