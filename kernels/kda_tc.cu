@@ -12,6 +12,41 @@
 #include "kda_tc.cuh"
 #include "kda_state.cuh"
 
+/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
+ * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
+ * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
+ * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
+ * exponents. k_intra_tc only: in k_bwd_final_tc the same move cost more than it saved (its
+ * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
+ * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
+ * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
+constexpr float DIAG_SPAN = 64.f;
+/* A flat chunk: the chunk's whole decay span (max over key dims of G_first - G_last) at most
+ * CHUNK_SPAN. Its pairs factor around the span's middle Gm = (G_first + G_last) / 2, each factor
+ * e^{G - Gm}, e^{Gm - G} within [e^-64, e^64] as above, and k_intra_tc forms Aqk and L as
+ * whole-chunk products, diagonal blocks included (see there). k_bwd_final_tc keeps its per-block
+ * products: its flat form (the row terms one product [dA ; dL] X, the column terms one product
+ * [dA^T | dL^T] [q ; b k] e^{G - Gm}, no per-pair diagonal blocks; 2e7622a on wip/flat) lost,
+ * 57.4k -> 63.9k cycles a block: the pair loop it removed was ~4.6k of its diagonal phase's
+ * 13.7k, the whole-chunk products (K = 64 for every row block) 13.1k and 11.2k against the
+ * per-block 9.0k and 6.9k; H200, (8,2048,16,128), 2026-12-02s25a. */
+constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
+/* e^{G_r - Gm} (up) and e^{Gm - G_r} (dn) for four columns from d of a flat chunk's row r (G
+ * [C][GS], rows 0 .. n - 1 the chunk's) */
+static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up,
+                                                 float4 &dn) {
+  float4 g = *(const float4 *)(G + r * GS + d), g0 = *(const float4 *)(G + d),
+         gl = *(const float4 *)(G + (n - 1) * GS + d);
+  float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
+  up = make_float4(kexp(g.x - m[0]), kexp(g.y - m[1]), kexp(g.z - m[2]), kexp(g.w - m[3]));
+  dn = make_float4(kexp(m[0] - g.x), kexp(m[1] - g.y), kexp(m[2] - g.z), kexp(m[3] - g.w));
+}
+/* whether the chunk is flat (a barrier: every thread of the block calls it) */
+static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
+  bool steep = false;
+  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[d] - G[(n - 1) * GS + d] > CHUNK_SPAN;
+  return !__syncthreads_or(steep);
+}
 
 /* ---- v2 intra-chunk: G, Aqk, L (factored tf32 MMAs + exact diagonal blocks), M, W, U ------ */
 /* smem (floats): q/X/V region, k, G [C][KS]; A, L, M [C][CS]; b [C] */
@@ -250,7 +285,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* The flat chunk: when the chunk's whole decay span (max over key dims of G_first - G_last)
    * is at most CHUNK_SPAN, every pair (i, j) factors around one reference a key dim, the
    * span's middle Gm = (G_first + G_last) / 2: e^{G_i - G_j} = e^{G_i - Gm} e^{Gm - G_j},
-   * each factor within [e^-64, e^64] as the per-block form's (CHUNK_SPAN, kda_tc.cuh). Aqk and L are then
+   * each factor within [e^-64, e^64] as the per-block form's (CHUNK_SPAN above). Aqk and L are then
    * products of the whole chunk, Y = [q; k] e^{G - Gm} against X = k e^{Gm - G}, diagonal
    * blocks included, their operands built in one pass (with kg, s qg), instead of four rounds
    * of a block's rows against an X rebuilt around the block (each behind two barriers). Y's q
@@ -266,8 +301,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     uint2 u = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
     *(uint2 *)dst = u;
   };
-  /* Yk's row r (flat): Y's rows, then M's (CM: Y's again, in the second round) */
-  auto yk_row = [&](int r) { return r < 32 ? Y + r * KS : (CM ? Y + (r - 32) * KS : Ms + (r - 32) * KS); };
   /* kg, s qg (bf16 or PR fp32, pad columns zero) for the state passes; flat: X, Y (rows past n
    * zero: q, k's pad rows are) */
   for (int e = tid; e < (flat ? m16 : n) * K4; e += BT) {
@@ -291,42 +324,43 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       flat_exps(Gs, KS, n, r, d, up, dn);
       *(float4 *)(X + r * KS + d) = rnd(mul4(kr, dn));
       *(float4 *)(qs + r * KS + d) = rnd(mul4(qr, up));   /* Yq: q is dead from here */
-      if (!CM || r < 32) *(float4 *)(yk_row(r) + d) = rnd(mul4(kr, up));
+      if (r < 32 || !CM) *(float4 *)((r < 32 ? Y + r * KS : Ms + (r - 32) * KS) + d) = rnd(mul4(kr, up));
     }
   }
   unsigned exact = 0;                              /* blocks whose diagonal needs the exact form */
   if (flat) {
     __syncthreads();
     PH(2);
+    /* Y's rows: Yq [0, m16), then Yk's (Y's tile, then M's): one product, so that every warp
+     * takes two of its tiles (a Yq tile and the Yk tile of the same rows, their chains
+     * interleaved on one B fragment). CM: Yk's rows past 32 in a second round, in Y again */
+    const int yr = m16 + (CM ? min(m16, 32) : m16);
     /* a row's two adjacent entries in one store; zero above the diagonal (L: on it too) */
-    auto aq_out = [&](int i, int j, float c0, float c1) {
-      if (i < n) *(float2 *)(As + i * CS + j) = make_float2(j <= i ? p.scale * c0 : 0.f, j + 1 <= i ? p.scale * c1 : 0.f);
+    auto out = [&](int ii, int j, float c0, float c1) {
+      int i = ii < m16 ? ii : ii - m16;
+      if (i >= n) return;
+      if (ii < m16)
+        *(float2 *)(As + i * CS + j) = make_float2(j <= i ? p.scale * c0 : 0.f, j < i ? p.scale * c1 : 0.f);
+      else *(float2 *)(Ls + i * CS + j) = make_float2(j < i ? bs[i] * c0 : 0.f, j + 1 < i ? bs[i] * c1 : 0.f);
     };
-    auto l_out = [&](int i0) {
-      return [&, i0](int ii, int j, float c0, float c1) {
-        int i = i0 + ii;
-        if (i < n) *(float2 *)(Ls + i * CS + j) = make_float2(j < i ? bs[i] * c0 : 0.f, j + 1 < i ? bs[i] * c1 : 0.f);
-      };
+    auto prod = [&](int M, int r0, tft3 A) {       /* Y's rows r0 .. r0 + M, A's rows */
+      auto o = [&](int ii, int j, float c0, float c1) { out(r0 + ii, j, c0, c1); };
+      if constexpr (PR)
+        mma_blk4<PT>(M, m16, K16, [&](int i, int d) { return tft3_row(A, i)[d]; },
+                     [&](int d, int j) { return X[j * KS + d]; }, pairs2(o));
+      else mma_tf<2>(M, m16, K16, A, tft{X, KS}, pairs2(o));
     };
-    auto xb = [&](int d, int j) { return X[j * KS + d]; };
-    auto prod = [&](int M, const float *A, auto out) {
-      if constexpr (PR) mma_blk4<PT>(M, m16, K16, [&](int i, int d) { return A[i * KS + d]; }, xb, pairs2(out));
-      else mma_tf(M, m16, K16, tft{A, KS}, tft{X, KS}, pairs2(out));
-    };
-    prod(m16, qs, aq_out);
-    prod(min(m16, 32), Y, l_out(0));
-    if (m16 > 32) {
-      if (CM) {                                    /* Yk's rows 32 .. into Y, once its first rows are read */
-        __syncthreads();
-        for (int e = tid; e < (m16 - 32) * K4; e += BT) {
-          int r = 32 + e / K4, d = (e % K4) * 4;
-          float4 up, dn;
-          flat_exps(Gs, KS, n, r, d, up, dn);
-          *(float4 *)(yk_row(r) + d) = rnd(mul4(*(const float4 *)(ks + r * KS + d), up));
-        }
-        __syncthreads();
+    prod(yr, 0, tft3{qs, Y, Ms, KS, m16, m16 + 32});
+    if (CM && m16 > 32) {                          /* Yk's rows 32 .. into Y, once its first rows are read */
+      __syncthreads();
+      for (int e = tid; e < (m16 - 32) * K4; e += BT) {
+        int r = 32 + e / K4, d = (e % K4) * 4;
+        float4 up, dn;
+        flat_exps(Gs, KS, n, r, d, up, dn);
+        *(float4 *)(Y + (r - 32) * KS + d) = rnd(mul4(*(const float4 *)(ks + r * KS + d), up));
       }
-      prod(m16 - 32, yk_row(32), l_out(32));
+      __syncthreads();
+      prod(m16 - 32, yr, tft3{Y, Y, Y, KS, C, C});
     }
     PH(3);
   }

@@ -76,35 +76,6 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
   return e;
 }
 
-/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
- * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
- * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
- * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
- * exponents. k_intra_tc only (per block): in k_bwd_final_tc the same move cost more than it saved (its
- * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
- * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
- * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
-constexpr float DIAG_SPAN = 64.f;
-/* A flat chunk: the chunk's whole decay span (max over key dims of G_first - G_last) at most
- * CHUNK_SPAN. Its pairs factor around the span's middle Gm = (G_first + G_last) / 2, each factor
- * e^{G - Gm}, e^{Gm - G} within [e^-64, e^64] as above: k_intra_tc and k_bwd_final_tc then form
- * the chunk's intra products whole, diagonal blocks included (see there). */
-constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
-/* e^{G_r - Gm} (up) and e^{Gm - G_r} (dn) for four columns from d of a flat chunk's row r (G
- * [C][GS], rows 0 .. n - 1 the chunk's) */
-static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up, float4 &dn) {
-  float4 g = *(const float4 *)(G + r * GS + d), g0 = *(const float4 *)(G + d), gl = *(const float4 *)(G + (n - 1) * GS + d);
-  float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
-  up = make_float4(kexp(g.x - m[0]), kexp(g.y - m[1]), kexp(g.z - m[2]), kexp(g.w - m[3]));
-  dn = make_float4(kexp(m[0] - g.x), kexp(m[1] - g.y), kexp(m[2] - g.z), kexp(m[3] - g.w));
-}
-/* whether the chunk is flat (a barrier: every thread of the block calls it) */
-static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
-  bool steep = false;
-  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[d] - G[(n - 1) * GS + d] > CHUNK_SPAN;
-  return !__syncthreads_or(steep);
-}
-
 /* ==== version 2: tensor cores (mma.sync) ====================================================
  * Same scratch layout as version 1 (fp32 rows in ws), except that k_intra_tc writes W, s qg,
  * kg, Aqk as bf16 into the W, qg, kg, Aqk buffers (ws.Wb, qgb, kgb, Ab: the state passes are
@@ -124,7 +95,7 @@ static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n,
  *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
  *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
  *     diagonal blocks join that product in k_intra_tc when their decay span allows (DIAG_SPAN
- *     above) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
+ *     in kda_tc.cu) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
  *     k_bwd_final_tc (scalar, 16x16/2 pairs each);
  *   - fp32 stays where the spec keeps it: G (cumsum), the state S and dS (rounded to bf16
  *     only as an MMA operand), M's forward substitution, all accumulators;

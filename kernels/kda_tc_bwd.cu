@@ -552,7 +552,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   cp_async_wait_all();
   __syncthreads();
   PH(0);
-  bool flat;                                        /* the chunk's pairs factor around one Gm (see below) */
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
     /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
      * the group sums go to X's first rows and are added in group order. The staged dKi is
@@ -573,7 +572,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
       X[(r0 / 16) * XS + d] = acc;
     }
-    flat = chunk_flat(Gs, KS, n, (int)K);           /* (the barrier before the group sums) */
+    __syncthreads();
     for (int d = tid; d < K; d += BT) {
       float acc = kexp(Gs[(n - 1) * KS + d]) * dGn[d];   /* dGn holds dgn, staged */
       for (int gq = 0; gq < ng; gq++) acc += X[gq * XS + d];
@@ -593,10 +592,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     if (I0 >= n) continue;
     float gr[16], kr[16], dqi[16], R[16], col[16], ex[16];
 #pragma unroll
-    for (int i = 0; i < 16; i++) dqi[i] = R[i] = col[i] = 0.f;
-    if (!flat) {                                    /* flat: the diagonal blocks join the products */
-#pragma unroll
-    for (int i = 0; i < 16; i++) gr[i] = Gs[(I0 + i) * KS + d], kr[i] = ks[(I0 + i) * KS + d];
+    for (int i = 0; i < 16; i++)
+      gr[i] = Gs[(I0 + i) * KS + d], kr[i] = ks[(I0 + i) * KS + d], dqi[i] = R[i] = col[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) {
       if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
@@ -620,7 +617,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         } else
           col[j] += (a * qi + 0.f) * E;
       }
-    }
     }
     /* EB elements' global loads in flight (their stores, which might alias, end a group): 8 in
      * the compiled wide forms (2 round trips a thread instead of 4; no spills), 4 in the compact
@@ -646,7 +642,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
         float dG0 = q * dq - k * dki + b * k * eg * dkb[u], dKi0 = dki + dkb[u] * b * eg;
         dQg[gi] = dq + dqi[i];
-        if (!flat) dKbg[gi] = R[i];                 /* flat: the row product stores R */
+        dKbg[gi] = R[i];
         dKig[gi] = dKi0 + col[i];
         dGs[(I0 + i) * KS + d] = dG0 + (q * dqi[i] - k * col[i]);
       }
@@ -674,20 +670,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
   auto xo = [](int I) { return 8 * I * (I - 1); };
-  const int m16 = r16(n);
-  /* Flat chunks (CHUNK_SPAN, kda_tc.cuh): every pair of the chunk, diagonal blocks included,
-   * factors around Gm, so the row terms are one product [dA ; dL] X, X_j = k_j e^{Gm - G_j},
-   * each output row i then scaled by e^{G_i - Gm}, and the column terms one product
-   * [dA^T | dL^T] [q ; b k] e^{G - Gm}, each output row j scaled by e^{Gm - G_j}: no per-pair
-   * diagonal blocks, one X, no rounds. */
-  if (flat)
-    for (int e = tid; e < m16 * (K16 / 4); e += BT) {   /* rows past n: k's pad rows are zero */
-      int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
-      float4 up, dn, kj = *(const float4 *)(ks + j * KS + d);
-      flat_exps(Gs, KS, n, j, d, up, dn);
-      *(float4 *)(X + j * XS + d) = rnd4(make_float4(kj.x * dn.x, kj.y * dn.y, kj.z * dn.z, kj.w * dn.w));
-    }
-  for (int I = 1; !flat && I < nI; I++) {
+  for (int I = 1; I < nI; I++) {
     int r = 16 * I;
     float *XI = X + xo(I) * XS;
     for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
@@ -702,52 +685,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     for (int e = tid; e < 2 * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
   __syncthreads();
   PH(3);
-  /* e^{sg (G_i - Gm)} at row i, columns d0, d0 + 1 (n1: d0 + 1 < K) of a flat chunk */
-  auto flat_e2 = [&](int i, int d0, bool n1, float sg) {
-    float2 g = ld2f(Gs + i * KS + d0, n1), g0 = ld2f(Gs + d0, n1), gl = ld2f(Gs + (n - 1) * KS + d0, n1);
-    return make_float2(kexp(sg * (g.x - 0.5f * (g0.x + gl.x))), kexp(sg * (g.y - 0.5f * (g0.y + gl.y))));
-  };
-  if (flat) {                                       /* rows 0 .. C - 1: dQ, C .. 2C - 1: R */
-    struct pre4 { float a[4]; };
-    auto at = [&](int ii, int d0) { return epi4_at(ii < C ? ii : ii - C, d0, n, K, [&](int i) { return (int64_t)i; }); };
-    auto epi = [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
-      float x[4] = {c0, c1, c2, c3};
-      const epi4 e = at(ii, d0);
-#pragma unroll
-      for (int u = 0; u < 4; u += 2)
-        if (e.ok[u]) {
-          bool n1 = e.ok[u + 1];
-          int si = e.r[u] * KS + d0;
-          float2 s = flat_e2(e.r[u], d0, n1, 1.f);
-          float y0 = x[u] * s.x, y1 = x[u + 1] * s.y;
-          if (ii < C) {
-            st2f(dQg + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-            dGs[si] += qs[si] * y0;
-            if (n1) dGs[si + 1] += qs[si + 1] * y1;
-          } else
-            st2f(dKbg + e.r[u] * RS + d0, y0, y1, n1);
-        }
-    };
-    auto pre = [&](int ii, int d0) {
-      pre4 pf = {};
-      if (ii >= C) return pf;
-      const epi4 e = at(ii, d0);
-#pragma unroll
-      for (int u = 0; u < 4; u += 2)
-        if (e.ok[u]) {
-          float2 v = ld2f(dQg + e.r[u] * RS + d0, e.ok[u + 1]);
-          pf.a[u] = v.x, pf.a[u + 1] = v.y;
-        }
-      return pf;
-    };
-    auto xb = [&](int j, int d) { return X[j * XS + d]; };
-    if constexpr (LDM) mma_tf(2 * C, K16, m16, tft{dAs, CS}, xb, epi, pre);   /* dL's tile follows dA's */
-    else
-      mma_blk4<PT>(2 * C, K16, m16, [&](int ii, int j) {
-        return ii < C ? (j <= ii ? dAs[ii * CS + j] : 0.f) : (j < ii - C ? dl_row(ii - C)[j] : 0.f);
-      }, xb, epi, pre);
-  }
-  for (int I = 1; !flat && I < nI; I++) {
+  for (int I = 1; I < nI; I++) {
     int r = 16 * I;
     const float *XI = X + xo(I) * XS;
     /* a tile's 4 outputs: rows ii, ii+8 of one half (dQ rows, then dKb rows), columns d0, d0+1 */
@@ -784,7 +722,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         }
       return pf;
     };
-    if constexpr (LDM) mma_tf(32, K16, r, tft2{dAs + r * CS, dLs + r * CS, CS}, xb, epi, pre);
+    if constexpr (LDM) mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, nullptr, CS, 16, 32}, xb, epi, pre);
     else
       mma_blk4<PT>(32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
                    xb, epi, pre);
@@ -794,79 +732,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * b_i k_i] e^{G_i - G_r'} (2 m16 rows). Blocks go in groups whose X_J fit X's C + 32 rows
    * together (at C = 64: {0}, {1, 2}). */
   auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
-  if (flat) {
-    /* B = [q ; b k] e^{G - Gm}: the q half in q's place (q is dead once the row products'
-     * epilogues are done), the b k half in X's. The fast wide form's A = [dA^T | dL^T] as a
-     * tile [C][2C + 4] in dA's and dL's place (read into registers first: ldmatrix cannot
-     * transpose 32-bit values); the others read A transposed by scalar loads. */
-    const bool tT = LDM && 2 * C * C <= 16 * BT;
-    const int TS = 2 * C + 4;
-    float tv[16];
-    __syncthreads();                                /* the row products' reads of X, q, dA, dL done */
-    for (int e = tid; e < m16 * (K16 / 4); e += BT) {
-      int i = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
-      float4 up, dn, qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
-      float b = bs[i];
-      flat_exps(Gs, KS, n, i, d, up, dn);
-      *(float4 *)(qs + i * KS + d) = rnd4(make_float4(qi.x * up.x, qi.y * up.y, qi.z * up.z, qi.w * up.w));
-      *(float4 *)(X + i * XS + d) = rnd4(make_float4(b * ki.x * up.x, b * ki.y * up.y, b * ki.z * up.z, b * ki.w * up.w));
-    }
-    if (tT) {
-#pragma unroll
-      for (int u = 0; u < 16; u++) {
-        int e = tid + u * BT, i = (e % (C * C)) / C, j = e % C;
-        if (e < 2 * C * C) tv[u] = (e < C * C ? dAs : dLs)[i * CS + j];
-      }
-      __syncthreads();                              /* every dA, dL entry read */
-#pragma unroll
-      for (int u = 0; u < 16; u++) {
-        int e = tid + u * BT, i = (e % (C * C)) / C, j = e % C;
-        if (e < 2 * C * C) dAs[j * TS + (e < C * C ? 0 : C) + i] = tv[u];
-      }
-    }
-    __syncthreads();
-    PH(5);
-    struct pre4 { float a[4]; };
-    auto at = [&](int jj, int d0) { return epi4_at(jj, d0, n, K, [&](int j) { return (int64_t)j; }); };
-    auto epi = [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
-      float x[4] = {c0, c1, c2, c3};
-      const epi4 e = at(jj, d0);
-#pragma unroll
-      for (int u = 0; u < 4; u += 2)
-        if (e.ok[u]) {
-          bool n1 = e.ok[u + 1];
-          int sj = e.r[u] * KS + d0;
-          float2 s = flat_e2(e.r[u], d0, n1, -1.f);
-          float y0 = x[u] * s.x, y1 = x[u + 1] * s.y;
-          st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-          dGs[sj] -= ks[sj] * y0;
-          if (n1) dGs[sj + 1] -= ks[sj + 1] * y1;
-        }
-    };
-    auto pre = [&](int jj, int d0) {
-      const epi4 e = at(jj, d0);
-      pre4 pf;
-#pragma unroll
-      for (int u = 0; u < 4; u += 2)
-        if (e.ok[u]) {
-          float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
-          pf.a[u] = v.x, pf.a[u + 1] = v.y;
-        }
-      return pf;
-    };
-    auto yq = [&](int i, int d) { return qs[i * KS + d]; };
-    auto yk = [&](int i, int d) { return X[i * XS + d]; };
-    /* A's entries above the diagonal (dL: on it too) read as zero: the compact tile holds dL there */
-    auto at_ = [&](int j, int i) { return i >= j ? dAs[i * CS + j] : 0.f; };
-    auto lt_ = [&](int j, int i) { return i > j ? dl_row(i)[j] : 0.f; };
-    if (tT) mma_tf2(C, K16, tft{dAs, TS}, yq, m16, tft{dAs + C, TS}, yk, m16, epi, pre);
-    else if constexpr (LDM) mma_tf2(C, K16, at_, yq, m16, lt_, yk, m16, epi, pre);
-    else
-      mma_blk4<PT>(C, K16, 2 * m16, [&](int j, int k) { return k < m16 ? at_(j, k) : lt_(j, k - m16); },
-                   [&](int k, int d) { return k < m16 ? yq(k, d) : yk(k - m16, d); }, epi, pre);
-    PH(6);
-  }
-  for (int J0 = 0, J1; !flat && J0 < nI - 1; J0 = J1) {
+  for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
     int xrows = 0, atcols = 0;
     for (J1 = J0; J1 < nI - 1 && xrows + 2 * m16of(J1) <= C + 32; J1++)
       xrows += 2 * m16of(J1), atcols += 2 * m16of(J1) + 4;

@@ -320,11 +320,15 @@ struct tft {
   const float *p;
   int ld;
 };
-/* an A operand of M = 32 rows from two tiles of one pitch: rows 0-15 at p0, 16-31 at p1 */
-struct tft2 {
-  const float *p0, *p1;
-  int ld;
+/* an A operand whose rows come from up to three tiles of one pitch: rows [0, s1) at p0,
+ * [s1, s2) at p1, [s2, M) at p2 (s1, s2 multiples of 16) */
+struct tft3 {
+  const float *p0, *p1, *p2;
+  int ld, s1, s2;
 };
+static __device__ __forceinline__ const float *tft3_row(const tft3 &A, int r) {
+  return r < A.s1 ? A.p0 + r * A.ld : r < A.s2 ? A.p1 + (r - A.s1) * A.ld : A.p2 + (r - A.s2) * A.ld;
+}
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
 /* C = A0 B0 (K0) + A1 B1 (K1), K-concatenated in that order (K1 = 0: one product), each operand
  * a tile or an accessor as above */
@@ -350,8 +354,8 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
           uint32_t a[4];
           const int r0 = i0[u];
           if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, r0, k0, lane);
-          else if constexpr (std::is_same<TA, tft2>::value)
-            ldsm_tf32_a(a, r0 < 16 ? A.p0 : A.p1 - 16 * A.ld, A.ld, r0, k0, lane);
+          else if constexpr (std::is_same<TA, tft3>::value)
+            ldsm_tf32_a(a, tft3_row(A, r0) - r0 * A.ld, A.ld, r0, k0, lane);
           else {
             a[0] = __float_as_uint(A(r0 + g, k0 + t)), a[1] = __float_as_uint(A(r0 + g + 8, k0 + t));
             a[2] = __float_as_uint(A(r0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(r0 + g + 8, k0 + t + 4));
