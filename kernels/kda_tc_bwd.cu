@@ -722,7 +722,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         }
       return pf;
     };
-    if constexpr (LDM) mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, nullptr, CS, 16, 32}, xb, epi, pre);
+    if constexpr (LDM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
+      mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, dLs + r * CS, CS, 16, 32}, xb, epi, pre);
     else
       mma_blk4<PT>(32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; },
                    xb, epi, pre);
