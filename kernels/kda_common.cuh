@@ -47,7 +47,6 @@ static __device__ inline float block_sum(float v, float *red) {
 struct kp {
   int64_t B, T, H, HV, K, V;
   int C, gate_mode, beta_mode, l2, nseq;
-  int pf;          /* next-wave L2 prefetch, bits (KDA_KDA_PF; an experiment: kda_tc.cuh l2_rows) */
   float scale, lb;
   const int32_t *cu;
 };

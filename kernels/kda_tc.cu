@@ -276,19 +276,6 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   cp_async_wait_all();
   __syncthreads();
   PH(0);
-  if ((p.pf & 1) && blockIdx.x == (unsigned)cb && blockIdx.y == h) {   /* (not in the flow kernels) */
-    wave_blk nb;                                   /* the next wave's inputs into L2 (l2_rows) */
-    if (next_wave(w.ctab, CM ? 2 : 1, nb)) {
-      int64_t o = nb.t0 * HV + nb.h, oq = nb.t0 * p.H + nb.h / (HV / p.H);
-      if (ri.q) {
-        l2_rows((const bf16 *)ri.q + oq * K, p.H * K * 2, nb.n, (int)K * 2);
-        l2_rows((const bf16 *)ri.k + oq * K, p.H * K * 2, nb.n, (int)K * 2);
-        l2_rows((const bf16 *)ri.g + o * K, HV * K * 2, nb.n, (int)K * 2);
-      } else
-        for (const float *t : {w.qn, w.kn, w.G}) l2_rows(t + o * K, HV * K * 4, nb.n, (int)K * 4);
-      if (vt) l2_rows((const bf16 *)v + o * V, HV * V * 2, nb.n, (int)V * 2);
-    }
-  }
   /* the cumsum to the workspace: every row for a backward (w.Kb set: the backward, or a forward
    * that keeps), else the last row only, all that the state pass reads (e^{G_last}) */
   chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) {

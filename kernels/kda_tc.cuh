@@ -22,31 +22,6 @@ static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
 /* Row i of the kernel's chunk as a row of the [T, HV] token-head layout (every kernel below
  * names its chunk's first token t0, the head count HV and its head h). */
 #define ROWI(i) (((t0 + (i)) * HV + h))
-/* L2 prefetch (kp.pf bits, KDA_KDA_PF): the chunk kernels run one block an SM (two for the
- * compact layouts), ~31 waves at (8,2048,16,128), and nothing on the SM overlaps a block's own
- * staging. A block that prefetches into L2 the rows that the block one wave later will stage
- * (blocks start in linear order, x fastest) turns that block's HBM reads into L2 hits.
- * l2_rows: nrows rows of row_bytes at base + r pitch (bytes), a 128-byte line a thread */
-static __device__ __forceinline__ void l2_rows(const void *base, int64_t pitch, int nrows, int row_bytes) {
-  int lines = (row_bytes + 127) >> 7;
-  for (int e = threadIdx.x; e < nrows * lines; e += blockDim.x)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)base + (int64_t)(e / lines) * pitch + (e % lines) * 128));
-}
-/* the chunk (cb, h) one wave after this block's on a grid (chunks, HV) of per_sm blocks an SM;
- * false past the grid or for an empty chunk */
-struct wave_blk {
-  int cb, n;
-  int64_t h, t0;
-};
-static __device__ __forceinline__ bool next_wave(const int *ctab, int per_sm, wave_blk &b) {
-  unsigned nsm;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  int64_t lin = (int64_t)blockIdx.y * gridDim.x + blockIdx.x + (int64_t)nsm * per_sm;
-  if (lin >= (int64_t)gridDim.x * gridDim.y) return false;
-  b.cb = (int)(lin % gridDim.x), b.h = lin / gridDim.x;
-  b.t0 = ctab[4 * b.cb + 1], b.n = ctab[4 * b.cb + 2];
-  return b.n > 0;
-}
 /* Shape-specialised instantiations: every version-2 kernel (the chunk kernels and the state
  * passes) takes KV. 0 reads K, V and the chunk C from kp at run time; 64 or 128 fixes K = V = KV
  * and C = 64 at compile time (the host's kv_spec picks it), so tile strides fold into the

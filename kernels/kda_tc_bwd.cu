@@ -361,16 +361,6 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_async_wait_group<1>();                        /* Vn, dO (the rest may fly) */
   __syncthreads();
   PH(0);
-  if (!PR && (p.pf & 8)) {                          /* the next wave's staged rows into L2 (l2_rows) */
-    wave_blk nb;
-    if (next_wave(w.ctab, CM ? 2 : 1, nb)) {
-      int64_t o = nb.t0 * HV + nb.h;
-      for (const void *t : {(const void *)w.vn, dout, v}) l2_rows((const bf16 *)t + o * V, HV * V * 2, nb.n, (int)V * 2);
-      l2_rows(w.M + o * C, HV * C * 4, nb.n, C * 4);
-      l2_rows(w.dvn + o * V, HV * V * 4, nb.n, (int)V * 4);
-      for (const float *t : {w.dW, w.Kb}) l2_rows(t + o * K, HV * K * 4, nb.n, (int)K * 4);
-    }
-  }
   /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
   /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
    * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */
@@ -588,19 +578,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
   }
-  if (p.pf & 2) l2_rows(dQg, (int64_t)RS * 4, n, (int)K * 4), l2_rows(dKbg, (int64_t)RS * 4, n, (int)K * 4);
   for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_async_wait_all();
   __syncthreads();
   PH(0);
-  if (p.pf & 4) {                                   /* the next wave's staged rows into L2 (l2_rows) */
-    wave_blk nb;
-    if (next_wave(w.ctab, CM ? 2 : 1, nb)) {
-      int64_t o = nb.t0 * HV + nb.h;
-      for (const float *t : {w.qn, w.kn, w.G, w.dKi}) l2_rows(t + o * K, (int64_t)RS * 4, nb.n, (int)K * 4);
-      for (const float *t : {w.dA, w.dL}) l2_rows(t + o * C, HV * C * 4, nb.n, C * 4);
-    }
-  }
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
     /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
      * the group sums go to X's first rows and are added in group order. The staged dKi is
