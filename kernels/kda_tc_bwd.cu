@@ -304,12 +304,12 @@ bwd_flow_fn k_bwd_flow_pick(int kv) {
  *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB]; fp32 M^T
  *      [C][CS] (the fast variant's; 201 KB in all at C = 64, K = V = 128).
  * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
-/* dbeta's row partials [C][PS]: one a row and 8 columns of the dv and dKb products, PS odd */
-static __host__ __device__ int mat_ps(int64_t K, int64_t V) { return (int)(r16(V) / 8 + r16(K) / 8 + 1); }
+/* dbeta_WY's row partials [C][PS]: one a row and 8 columns of the dv product, PS odd */
+static __host__ __device__ int mat_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both variants */
   int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
-         (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C + C * mat_ps(K, V)) * 4;
+         (size_t)(2 * C * (C + 4) + u + C * (r16(V) + 4) + 2 * C * (r16(K) + 4) + C + C * mat_ps(V)) * 4;
 }
 /* The compact layout (CM) for small heads, so that two blocks share an SM:
  * X = dM M^T in Kb's tile (dead after dM; C <= r16(K)), and the fast variant's M^T built in
@@ -319,7 +319,7 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both v
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   if (C > r16(K)) return 0;
   int64_t CS = C + 4, VS = r16(V) + 4, KS = r16(K) + 4, r1 = C * (VS > CS ? VS : CS);
-  return (size_t)(2 * C * (r16(V) + 8)) * 2 + (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(K, V)) * 4;
+  return (size_t)(2 * C * (r16(V) + 8)) * 2 + (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(V)) * 4;
 }
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
@@ -338,7 +338,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   sbf *dO = (sbf *)(bs + C), *Vr = dO + C * VB;
   float *MsT = (float *)(Vr + C * VB);             /* the fast variant's M^T (tf32-rounded) */
   float *part = MsT + (CM ? 0 : C * CS);           /* dbeta's row partials [C][PS] */
-  const int PS = mat_ps(K, V);
+  const int PS = mat_ps(V);
   if (CM) X = Kb, MsT = dM;                        /* Kb is dead once dM is formed, dM once X is */
   PH_INIT(4);
   /* staging, all asynchronous: Vn (fp32 for the precise variant; the fast one's is the state
@@ -435,11 +435,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out));
   else mma_tf<NPB>(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out));
   PH(4);
-  /* dbeta_WY_j = (M^T dVn)_j . v_j + dKb_j . (k_j e^{G_j}), summed in the two products'
-   * epilogues: a thread's two columns of rows j and j + 8, then its tile row's four lanes (a
-   * fixed shuffle tree), into part[j][c / 8]; the partials are added in order below. It stored
-   * (M^T dVn) . v into w.dvn and a warp a row summed it and dKb kn e^G back from global memory:
-   * that phase was 7.4k of this kernel's 39.0k cycles a block (H200, (8,2048,16,128)). */
+  /* dbeta's WY part: dbeta_j = (M^T dVn)_j . v_j + dKb_j . (k_j e^{G_j}). The first sum is
+   * formed in the dv product's epilogue: a thread's two columns of rows j and j + 8, then its
+   * tile row's four lanes (a fixed shuffle tree), into part[j][c / 8], the partials added in
+   * order below; the second is k_bwd_final_tc's (its R terms, which stage k and G: R' = R +
+   * dKb e^G there). It stored (M^T dVn) . v into w.dvn and a warp a row summed that and dKb kn
+   * e^G back from global memory, kn and G read only for it: that phase was 7.4k of this
+   * kernel's 39.0k cycles a block (H200, (8,2048,16,128)). */
   auto part4 = [&](int j, int slot, float s0, float s1) {
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
@@ -458,36 +460,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_e4);
   else mma_tf<NPB>(C, V16, C, tft{MsT, CS}, dvb, dv_e4);
   PH(5);
-  /* dKb = M^T dW (tf32); k e^G of the tile's outputs loaded before its MMAs (zero past n, K) */
-  struct kg8 { float k[4], g[4]; };
+  /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
   auto dkb_out = [&](int j, int d, float x0, float x1) {
     if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
   };
-  auto dkb_pre = [&](int j, int d) {
-    kg8 r;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      int jj = j + (u >> 1) * 8, dd = d + (u & 1);
-      bool ok = jj < n && dd < K;
-      int64_t gi = ROWI(ok ? jj : 0) * K + (ok ? dd : 0);
-      r.k[u] = ok ? w.kn[gi] : 0.f, r.g[u] = ok ? w.G[gi] : 0.f;
-    }
-    return r;
-  };
-  auto dkb_e4 = [&](int j, int d, float x0, float x1, float x2, float x3, const kg8 &pf) {
-    dkb_out(j, d, x0, x1), dkb_out(j + 8, d, x2, x3);
-    part4(j, V16 / 8 + (d >> 3), x0 * pf.k[0] * kexp(pf.g[0]) + x1 * pf.k[1] * kexp(pf.g[1]),
-          x2 * pf.k[2] * kexp(pf.g[2]) + x3 * pf.k[3] * kexp(pf.g[3]));
-  };
-  /* the compact forms (64 registers a thread) load them in the epilogue, a tile at a time: two
-   * paired tiles' eight each spilled */
-  auto dkb_e4l = [&](int j, int d, float x0, float x1, float x2, float x3) {
-    dkb_e4(j, d, x0, x1, x2, x3, dkb_pre(j, d));
-  };
-  if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, dkb_e4, dkb_pre);
-  else if constexpr (CM) mma_tf(C, K16, C, tft{MsT, CS}, dwb, dkb_e4l);
-  else mma_tf<NPB>(C, K16, C, tft{MsT, CS}, dwb, dkb_e4, dkb_pre);
+  if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out));
+  else mma_tf<NPB>(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* every partial written */
   PH(6);
   for (int j = threadIdx.x; j < n; j += BT) {      /* dbeta_WY: the row's partials in order */
@@ -668,13 +647,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         if (I0 + i >= n) break;
         int gi = (I0 + i) * RS + d;
         float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = kexp(Gs[(I0 + i) * KS + d]),
-              b = bs[I0 + i], dki = Xd[(I0 + i) * XS + d];   /* reloaded: gr, kr die after the pair loop */
+              dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
         float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
-        float dG0 = q * dq - k * dki + b * k * eg * dkb[u], dKi0 = dki + dkb[u] * b * eg;
         dQg[gi] = dq + dqi[i];
-        dKbg[gi] = R[i];
-        dKig[gi] = dKi0 + col[i];
-        dGs[(I0 + i) * KS + d] = dG0 + (q * dqi[i] - k * col[i]);
+        dKbg[gi] = R[i] + dkb[u] * eg;              /* R' = R + dKb e^G: see the R terms */
+        dKig[gi] = dki + col[i];
+        dGs[(I0 + i) * KS + d] = (q * dq - k * dki) + (q * dqi[i] - k * col[i]);
       }
     }
   }
@@ -842,7 +820,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
-  for (int i = wp; i < n; i += BT / 32) {          /* R terms: dk += b R, dG += k b R, dbeta += k.R */
+  /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
+   * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
+   * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest) */
+  for (int i = wp; i < n; i += BT / 32) {
     float acc = 0, b = bs[i];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
