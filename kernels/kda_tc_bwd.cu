@@ -302,7 +302,8 @@ bwd_flow_fn k_bwd_flow_pick(int kv) {
  * the other through tf32 M) was amplified ~10x (dbeta 2.7e-2 vs 1.6e-3 on version 1).
  * smem fp32: M [C][CS]; Vn, later dM and X: [C][max(2 CS, VS)] (a barrier between dA and dM);
  *      dVn [C][VS]; dW, Kb [C][KS]; b [C]; bf16: dO, v (raw inputs: exact) [C][VB]; fp32 M^T
- *      [C][CS] (the fast variant's; 201 KB in all at C = 64, K = V = 128).
+ *      [C][CS] (the fast variant's); dbeta's partials [C][V16 / 8 + 1] (209.5 KB in all at
+ *      C = 64, K = V = 128).
  * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
 /* dbeta_WY's row partials [C][PS]: one a row and 8 columns of the dv product, PS odd */
 static __host__ __device__ int mat_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
@@ -319,7 +320,8 @@ size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both v
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   if (C > r16(K)) return 0;
   int64_t CS = C + 4, VS = r16(V) + 4, KS = r16(K) + 4, r1 = C * (VS > CS ? VS : CS);
-  return (size_t)(2 * C * (r16(V) + 8)) * 2 + (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(V)) * 4;
+  return (size_t)(2 * C * (r16(V) + 8)) * 2 +
+         (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(V)) * 4;
 }
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {

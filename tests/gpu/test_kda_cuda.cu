@@ -634,8 +634,8 @@ static void all_cases() {
    * diagonal forms (in the MMA, exact per pair) run here */
   run_case("decay steep and gentle blocks (logsigmoid*3.6)", {1, 400, 2, 2, 64, 64, 64, 0, 0, 0, 1, 1, 0, 0, 3.6f, 0, 0, {}});
   /* logsigmoid*2.1: a chunk's decay span (max over key dims) is ~110-140, around CHUNK_SPAN
-   * (128): flat chunks (the whole-chunk products of k_intra_tc and k_bwd_final_tc) and steep
-   * ones (the per-block forms) in one call, at both compiled head sizes */
+   * (128): flat chunks (k_intra_tc's whole-chunk product) and steep ones (its per-block
+   * form) in one call, at both compiled head sizes */
   run_case("decay flat and steep chunks (logsigmoid*2.1) K=V=64", {1, 640, 2, 2, 64, 64, 64, 0, 0, 0, 1, 1, 0, 0, 2.1f, 0, 0, {}});
   run_case("decay flat and steep chunks (logsigmoid*2.1) K=V=128", {1, 640, 2, 2, 128, 128, 64, 0, 0, 1, 1, 1, 0, 0, 2.1f, 0, 0, {}});
   run_case("decay -1000 entries (p=0.5)", {1, 200, 1, 1, 64, 64, 64, 0, 0, 0, 1, 1, 0, 0, 1, 0.5f, 0, {}});
