@@ -442,8 +442,10 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
    * tile row's four lanes (a fixed shuffle tree), into part[j][c / 8], the partials added in
    * order below; the second is k_bwd_final_tc's (its R terms, which stage k and G: R' = R +
    * dKb e^G there). It stored (M^T dVn) . v into w.dvn and a warp a row summed that and dKb kn
-   * e^G back from global memory, kn and G read only for it: that phase was 7.4k of this
-   * kernel's 39.0k cycles a block (H200, (8,2048,16,128)). */
+   * e^G back from global memory, kn and G read only for it. H200, (8,2048,16,128), one run
+   * (2026-12-02s25c): this kernel 39.0k -> 31.4k cycles a block, final's unchanged (57.4k);
+   * fwd+bwd 3.48-3.50 -> 3.34-3.37 ms, (1,8192,16,128) 2.21-2.25 -> 2.14-2.17. Summing both
+   * terms here in the two epilogues instead (the dKb one loading kn, G) gained nothing (s25b). */
   auto part4 = [&](int j, int slot, float s0, float s1) {
     s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
     s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
