@@ -294,7 +294,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * take the per-block form below. H200, one run, two rounds each (2026-12-02s25a, b): fwd
    * (8,2048,16,128) 1.046-1.053 -> 0.975-0.978 ms as three products, 0.949-0.964 as one with
    * paired tiles; fwd+bwd 3.56-3.58 -> 3.46-3.48 ms; this kernel 50.2k -> 45.7k cycles a
-   * block (three products). */
+   * block as three products, 44.5k as one (s25c). */
   const int K4 = K16 / 4, m16 = r16(n);
   const bool flat = chunk_flat(Gs, KS, n, (int)K) && (CM || C <= 32 || (C - 32) * KS <= C * CS);
   auto rnd = [&](float4 v) { return PR ? v : make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)); };
