@@ -96,7 +96,8 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
  *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
  *     diagonal blocks join that product in k_intra_tc when their decay span allows (DIAG_SPAN
  *     in kda_tc.cu) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
- *     k_bwd_final_tc (scalar, 16x16/2 pairs each);
+ *     k_bwd_final_tc (scalar, 16x16/2 pairs each); k_intra_tc forms a flat chunk (span <=
+ *     CHUNK_SPAN, kda_tc.cu) as one whole-chunk product factored around the span's middle;
  *   - fp32 stays where the spec keeps it: G (cumsum), the state S and dS (rounded to bf16
  *     only as an MMA operand), M's forward substitution, all accumulators;
  *   - dA_log / ddt_bias: per-chunk partials + k_gate_reduce (fixed order; no float atomics),
