@@ -55,7 +55,11 @@ struct kp {
 struct ws {
   int *ctab;        /* [NTu][4]: seq, first token, rows, - */
   int *sfirst;      /* [N+1]: first chunk index of each sequence */
-  float *qn, *kn;   /* [.,K] normalised q, k (per value head) */
+  float *qn, *kn;   /* [.,K] normalised q, k (per value head; version 1, and the row kernels
+                     * ahead of version 2's unfused front) */
+  float2 *rn;       /* [.]   each row's l2 factors (rq, rk): q_n = q rq, k_n = k rk, the same
+                     * product wherever it is formed, so the same bits; version 2's
+                     * k_bwd_final_tc scales the raw bf16 q, k by them */
   float *G;         /* [.,K] log-decay, then its chunk cumsum */
   float *b;         /* [.]   beta after its mode */
   float *Aqk, *M;   /* [.,C] rows of the chunk matrices */
@@ -90,7 +94,7 @@ struct ws {
 /* The raw per-row inputs of the fused front (k_intra_tc doing the row preprocessing of its
  * chunk itself: intra_rows in kda_tc.cu); q == NULL: a row kernel (k_rows4, k_rows) did it
  * for the whole tensor and k_intra_tc stages qn, kn, G, b from the workspace. wr: also store
- * qn, kn, b there (a backward will read them) */
+ * rn, b there (a backward will read them) */
 struct rowin {
   const void *q, *k, *g, *beta;
   const float *A_log, *dt_bias;
@@ -272,7 +276,8 @@ size_t smem_final_tc_compact(int64_t C, int64_t K);
 typedef void (*intra_tc_fn)(kp, const void *, ws, int, rowin);
 typedef void (*rows_tc_fn)(kp, const void *, ws, int);
 typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
-typedef void (*final_tc_fn)(kp, const void *, const void *, const float *, const float *, void *, void *, ws);
+typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
+                            void *, void *, ws);
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);

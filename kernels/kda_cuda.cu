@@ -46,7 +46,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->sfirst = (int *)take((n_seq(a) + 1) * 4);
   w->flow = (int *)take((3 + 2 * NTu * a->HV) * 4);   /* the flow kernels' (kda_common.cuh) */
   w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4);
-  w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4);
+  w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4), w->rn = (float2 *)take(TH * 8);
   w->Aqk = (float *)take(TH * C * 4), w->M = (float *)take(TH * C * 4);
   /* W, kg, qg: fp32 rows of K (version 1), bf16 rows of r16(K) (version 2) or fp32 rows of
    * r16(K) (version 2's precise backward): the last is the largest */
@@ -131,6 +131,7 @@ __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const 
   sq = kc_warp_sum(sq), sk = kc_warp_sum(sk);
   float rq = l2_scale(p, sq), rk = l2_scale(p, sk);
   float ea = A_log ? expf(A_log[h]) : 1.f;
+  if (lane == 0) w.rn[row] = make_float2(rq, rk);
   for (int64_t d = lane; d < K; d += 32) {
     w.qn[io + d] = ldb(q, iq + d) * rq;
     w.kn[io + d] = ldb(k, iq + d) * rk;
@@ -169,6 +170,7 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
   }
   float rq = l2_scale(p, lane_group_sum<LW>(sq)), rk = l2_scale(p, lane_group_sum<LW>(sk));
   float ea = A_log ? expf(A_log[h]) : 1.f;
+  if (lane == 0 && live) w.rn[row] = make_float2(rq, rk);
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     int64_t d = 4 * lane + 4 * LW * j;
@@ -827,7 +829,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
-    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

@@ -167,7 +167,8 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
 /* The fused front: the row preprocessing (§2.1–2.3: q, k l2-normalised, the gate, beta) of
  * the chunk's rows, from the raw inputs straight into the q, k, G tiles and b. k_rows4 did it
  * for the whole tensor, writing qn, kn, G, b (fp32) that this kernel then read back; now only
- * a backward's workspace gets qn, kn, b (ri.wr), and k_rows4's launch is gone (the chunk
+ * a backward's workspace gets b and each row's norm factors rn (ri.wr: k_bwd_final_tc scales
+ * the raw q, k by them; it read qn, kn, 2 x 4 K bytes a row written here), and k_rows4's launch is gone (the chunk
  * table runs alone before this kernel). LW lanes a row, four columns a lane, the norms'
  * sums in k_rows4's order (LW and the arithmetic as its instantiation for this K): the same
  * values bit for bit (test_kda_cuda compares the two fronts). K % 4 == 0, K <= 4 LW, 8-byte
@@ -209,7 +210,7 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
       float4 kn = make_float4(xk[u].x * rk, xk[u].y * rk, xk[u].z * rk, xk[u].w * rk);
       *(float4 *)(qs + r * KS + d) = qn, *(float4 *)(ks + r * KS + d) = kn;
       *(float4 *)(Gs + r * KS + d) = live ? gate4(p, xg[u], ri.dt_bias, h, d, ea) : z4;
-      if (ri.wr && live) *(float4 *)(w.qn + ROWI(r) * K + d) = qn, *(float4 *)(w.kn + ROWI(r) * K + d) = kn;
+      if (ri.wr && r < n && lane == 0) w.rn[ROWI(r)] = make_float2(rq, rk);
     }
   }
   if (rb < C) {

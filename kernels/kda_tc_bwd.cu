@@ -492,24 +492,58 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
 }
 
 /* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
- * smem fp32: q, k, G [C][KS]; X [C+32][K16+8] (factored operands; [KS] compact); dA, dL [C][CS]; b, dbi [C];
+ * smem fp32: G [C][KS]; X [C+32][K16+8] (factored operands; [KS] compact); dA, dL [C][CS]; b, dbi [C];
  * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
- * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads) */
+ * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads);
+ * rq, rk [C] and the raw bf16 q, k [C][K16+8]; the wide layout also dKb [C][KS] (R' below)
+ * and the column terms' A tiles [16][final_at_cols(C)].
+ * q, k raw: the l2-normalised rows are q rq, k rk (ws.rn), formed where read, the products
+ * k_intra_tc formed, so the same values as the fp32 qn, kn tiles staged until 2026-12-02 in
+ * half the room; that room holds dKb, which the diagonal phase, the row products and the R
+ * terms read and wrote in global memory (4.5 passes of 4 C K bytes a block, now one staged
+ * read). */
+/* the column terms' groups: from block J0, the blocks whose X_J ([q ; b k] rows i > 16 J + 15,
+ * 2 m16 rows each) fit X's C + 32 rows together (at C = 64: {0}, {1, 2}); returns the end J1
+ * and in *at the group's A-tile columns (2 m16 + 4 a block) */
+static __host__ __device__ __forceinline__ int col_group(int J0, int n, int C, int *at) {
+  int xrows = 0, J1 = J0, nI = (n + 15) / 16;
+  for (*at = 0; J1 < nI - 1; J1++) {
+    int m16 = r16(n - 16 * J1 - 16);
+    if (xrows + 2 * m16 > C + 32) break;
+    xrows += 2 * m16, *at += 2 * m16 + 4;
+  }
+  return J1;
+}
+/* the widest group's A-tile columns over chunk lengths (the groups depend on n only through
+ * r16(n)): 104 at C = 64, 36 at C = 32 */
+static __host__ __device__ __forceinline__ int final_at_cols(int C) {
+  int w = 0;
+  for (int n = 16; n < C + 16; n += 16)
+    for (int J0 = 0, at; J0 < (n + 15) / 16 - 1;) {
+      J0 = col_group(J0, n, C, &at);
+      w = at > w ? at : w;
+    }
+  return w;
+}
 size_t smem_final_tc(int64_t C, int64_t K) {   /* the wide layout: X's rows of r16(K) + 8 */
   int64_t KS = r16(K) + 4;
-  return (size_t)(3 * C * KS + (C + 32) * (KS + 4) + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS) * 4;
+  return (size_t)(C * KS + (C + 32) * (KS + 4) + 2 * C * (C + 4) + 2 * C + r16(K) + 32 + C * KS + 2 * C) * 4 +
+         (size_t)2 * C * (r16(K) + 8) * 2 + (size_t)(C * KS + 16 * final_at_cols((int)C)) * 4;
 }
 /* The compact layout (CM) for small heads: dA (lower triangle and diagonal) and dL (strictly
  * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries fill
- * columns C-i .. C-1 exactly). K = 64, chunk 64: 114.0 KB instead of 133.0, two blocks an SM at
- * 256 threads (128 registers). */
-size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL tile, X's rows of KS */
-  return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4;
+ * columns C-i .. C-1 exactly); dKb stays in global memory and the column terms' A is read from
+ * dA's tile (mma_blk4). K = 64, chunk 64: 98.2 KB (114.0 with fp32 q, k) instead of 141.2, two
+ * blocks an SM at 256 threads (128 registers). */
+size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X's rows of KS */
+  return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4 -
+         (size_t)(C * (r16(K) + 4) + 16 * final_at_cols((int)C)) * 4;
 }
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32 */
 template <bool PR, bool CM, int KV>
-static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
-                                                    const float *dt_bias, void *dg, void *dbeta, ws w) {
+static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
+                                                    const void *beta, const float *A_log, const float *dt_bias,
+                                                    void *dg, void *dbeta, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -524,9 +558,21 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * KS = r16 + 4); the compact layout keeps KS (its 1.5 KB more would not let two blocks share
    * an SM). H200, (8,2048,16,128), with the element pass's loads below: the row and column
    * products 9.6k -> 9.0k and 7.5k -> 6.9k cycles a block, fwd+bwd 4.26-4.28 -> 4.23-4.24 ms */
-  const int XS = CM ? KS : K16 + 8;
-  float *qs = sm, *ks = qs + C * KS, *Gs = ks + C * KS, *X = Gs + C * KS, *dAs = X + (C + 32) * XS,
-        *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS), *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32;
+  const int XS = CM ? KS : K16 + 8, QB = K16 + 8;   /* QB: the bf16 q, k rows' pitch (conflict-free pairs) */
+  constexpr bool KBS = !CM;                         /* dKb (R') in shared memory */
+  float *Gs = sm, *X = Gs + C * KS, *dAs = X + (C + 32) * XS, *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS),
+        *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32, *rq = dGs + C * KS, *rk = rq + C;
+  sbf *qb = (sbf *)(rk + C), *kb = qb + C * QB;
+  float *dKbs = (float *)(kb + C * QB), *At = dKbs + (KBS ? C * KS : 0);
+  /* the l2-normalised q, k (the fp32 rows k_intra_tc formed, bit for bit) */
+  auto qv = [&](int i, int d) { return __bfloat162float(qb[i * QB + d]) * rq[i]; };
+  auto kv = [&](int i, int d) { return __bfloat162float(kb[i * QB + d]) * rk[i]; };
+  auto v4 = [&](const sbf *t, const float *r, int i, int d) {   /* four columns d .. d + 3 */
+    uint2 u = *(const uint2 *)(t + i * QB + d);
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    float f = r[i];
+    return make_float4(a.x * f, a.y * f, b.x * f, b.y * f);
+  };
   /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
    * (smem_final_tc_compact) */
   auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + C - i : dLs + i * CS; };
@@ -540,8 +586,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;
-    cp_tile_f32(qs, KS, C, K16, n, (int)K, al, [&](int r) { return w.qn + ROWI(r) * K; });
-    cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
+    const int64_t hq = h / (HV / p.H);
+    cp_tile_bf16(qb, QB, C, K16, n, K, q, t0, p.H, hq);
+    cp_tile_bf16(kb, QB, C, K16, n, K, k, t0, p.H, hq);
+    if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
     /* pad rows repeat the last G: exponents <= 0 */
     cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
@@ -561,7 +609,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
   }
-  for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  for (int r = tid; r < C; r += BT) {
+    float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
+    bs[r] = r < n ? w.b[ROWI(r)] : 0.f, rq[r] = f.x, rk[r] = f.y;
+  }
   cp_async_wait_all();
   __syncthreads();
   PH(0);
@@ -582,7 +633,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       }
 #pragma unroll
       for (int u = 0; u < 16; u++)
-        if (r0 + u < n) acc += ks[(r0 + u) * KS + d] * x[u];
+        if (r0 + u < n) acc += kv(r0 + u, d) * x[u];
       X[(r0 / 16) * XS + d] = acc;
     }
     __syncthreads();
@@ -606,12 +657,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     float gr[16], kr[16], dqi[16], R[16], col[16], ex[16];
 #pragma unroll
     for (int i = 0; i < 16; i++)
-      gr[i] = Gs[(I0 + i) * KS + d], kr[i] = ks[(I0 + i) * KS + d], dqi[i] = R[i] = col[i] = 0.f;
+      gr[i] = Gs[(I0 + i) * KS + d], kr[i] = kv(I0 + i, d), dqi[i] = R[i] = col[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < 16; i++) {
       if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
       const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dl_row(I0 + i) + I0;
-      float qi = qs[(I0 + i) * KS + d], bki = bs[I0 + i] * kr[i];
+      float qi = qv(I0 + i, d), bki = bs[I0 + i] * kr[i];
       /* ex[j] = e^{G_i - G_j}: row i - 1's times the step's decay e^{G_i - G_(i-1)}, one
        * exponential a row instead of one a pair (136 MUFU.EX2 a thread); at most 15 roundings,
        * ~1e-6 relative, where e^{G_i - G_j} of the cumsums carries |G| 2^-24 in its exponent */
@@ -643,20 +694,25 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       for (int u = 0; u < EB; u++)
         if (I0 + i0 + u < n) {
           int gi = (I0 + i0 + u) * RS + d;
-          dkb[u] = dKbg[gi], dq0[u] = dQg[gi];
+          dq0[u] = dQg[gi];
+          if (!KBS) dkb[u] = dKbg[gi];
         }
 #pragma unroll
       for (int u = 0; u < EB; u++) {
         int i = i0 + u;
         if (I0 + i >= n) break;
         int gi = (I0 + i) * RS + d;
-        float q = qs[(I0 + i) * KS + d], k = ks[(I0 + i) * KS + d], eg = kexp(Gs[(I0 + i) * KS + d]),
+        float qn = qv(I0 + i, d), kn = kv(I0 + i, d), eg = kexp(Gs[(I0 + i) * KS + d]),
               dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
         float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
         dQg[gi] = dq + dqi[i];
-        dKbg[gi] = R[i] + dkb[u] * eg;              /* R' = R + dKb e^G: see the R terms */
+        if constexpr (KBS) {                        /* R' = R + dKb e^G: see the R terms */
+          float *r = dKbs + (I0 + i) * KS + d;
+          *r = R[i] + *r * eg;
+        } else
+          dKbg[gi] = R[i] + dkb[u] * eg;
         dKig[gi] = dki + col[i];
-        dGs[(I0 + i) * KS + d] = (q * dq - k * dki) + (q * dqi[i] - k * col[i]);
+        dGs[(I0 + i) * KS + d] = (qn * dq - kn * dki) + (qn * dqi[i] - kn * col[i]);
       }
     }
   }
@@ -677,7 +733,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
    * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
    * keep mma_blk4. The column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit
-   * values) is staged per block into q's first 16 rows, dead since the diagonal blocks. */
+   * values) is staged per group into At (final_at_cols). */
   constexpr bool LDM = !PR && !CM;
   auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
@@ -687,7 +743,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
     float *XI = X + xo(I) * XS;
     for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
       int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
-      float4 kj = *(const float4 *)(ks + j * KS + d), gr = *(const float4 *)(Gs + r * KS + d),
+      float4 kj = v4(kb, rk, j, d), gr = *(const float4 *)(Gs + r * KS + d),
              gj = *(const float4 *)(Gs + j * KS + d);
       *(float4 *)(XI + j * XS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
                                                       kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
@@ -715,11 +771,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
           int si = e.r[u] * KS + d0;
           float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
           float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
-          float *dst = (ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0;
+          float *dst = ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + si : dKbg + e.r[u] * RS + d0;
           st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
           if (ii < 16) {
-            dGs[si] += qs[si] * y0;
-            if (n1) dGs[si + 1] += qs[si + 1] * y1;
+            dGs[si] += qv(e.r[u], d0) * y0;
+            if (n1) dGs[si + 1] += qv(e.r[u], d0 + 1) * y1;
           }
         }
     };
@@ -729,7 +785,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
 #pragma unroll
       for (int u = 0; u < 4; u += 2)
         if (e.ok[u]) {
-          float2 v = ld2f((ii < 16 ? dQg : dKbg) + e.r[u] * RS + d0, e.ok[u + 1]);
+          const float *src = ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + e.r[u] * KS + d0 : dKbg + e.r[u] * RS + d0;
+          float2 v = ld2f(src, e.ok[u + 1]);
           pf.a[u] = v.x, pf.a[u + 1] = v.y;
         }
       return pf;
@@ -746,10 +803,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
    * together (at C = 64: {0}, {1, 2}). */
   auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
   for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
-    int xrows = 0, atcols = 0;
-    for (J1 = J0; J1 < nI - 1 && xrows + 2 * m16of(J1) <= C + 32; J1++)
-      xrows += 2 * m16of(J1), atcols += 2 * m16of(J1) + 4;
-    const bool ldm = LDM && atcols <= KS;           /* the group's A tiles fit q's first 16 rows */
+    int atcols;
+    J1 = col_group(J0, n, C, &atcols);
+    const bool ldm = LDM;                           /* the group's A tiles in At (final_at_cols) */
     __syncthreads();                                /* the previous products' reads of X (and A) done */
     for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
@@ -759,7 +815,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
         float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
         if (ii < mrow) {
           float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
-                 qi = *(const float4 *)(qs + i * KS + d), ki = *(const float4 *)(ks + i * KS + d);
+                 qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
           float b = bs[i];
           float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
           x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
@@ -772,7 +828,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
           int k = e >> 4, jj = e & 15, j = 16 * J + jj;
           float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
                             : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
-          qs[aoff + jj * (2 * m16 + 4) + k] = a;   /* dA, dL already tf32 (LDM) */
+          At[aoff + jj * (2 * m16 + 4) + k] = a;   /* dA, dL already tf32 (LDM) */
         }
     }
     __syncthreads();
@@ -794,8 +850,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
             float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
             float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
             st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-            dGs[sj] -= ks[sj] * y0;
-            if (n1) dGs[sj + 1] -= ks[sj + 1] * y1;
+            dGs[sj] -= kv(e.r[u], d0) * y0;
+            if (n1) dGs[sj + 1] -= kv(e.r[u], d0 + 1) * y1;
           }
       };
       auto pre = [&](int jj, int d0) {
@@ -809,7 +865,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
           }
         return pf;
       };
-      if (ldm) mma_tf(16, K16, 2 * m16, tft{qs + aoff, 2 * m16 + 4}, xb, epi, pre);
+      if (ldm) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
       else
         mma_blk4<PT>(16, K16, 2 * m16,
                      [&](int jj, int k) {
@@ -835,17 +891,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
       for (int u = 0; u < 4; u++) {
         int d = d0 + 32 * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+        if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         int d = d0 + 32 * u;
         if (d >= K) break;
         int gi = i * RS + d;
-        float k = ks[i * KS + d];
+        float kn = kv(i, d);
         dKig[gi] = dk[u] + b * R[u];
-        dGs[i * KS + d] = dw[u] + k * b * R[u];
-        acc += k * R[u];
+        dGs[i * KS + d] = dw[u] + kn * b * R[u];
+        acc += kn * R[u];
       }
     }
     acc = kc_warp_sum(acc);
@@ -901,9 +957,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *g, const v
   PH(9);
 }
 template <bool PR, bool CM, int KV>
-__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *g, const void *beta, const float *A_log,
-                                                        const float *dt_bias, void *dg, void *dbeta, ws w) {
-  bwd_final_tc<PR, CM, KV>(p, g, beta, A_log, dt_bias, dg, dbeta, w);
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, const void *k, const void *g,
+                                                        const void *beta, const float *A_log, const float *dt_bias,
+                                                        void *dg, void *dbeta, ws w) {
+  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
