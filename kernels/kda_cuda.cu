@@ -189,7 +189,7 @@ __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk,
   if (row >= p.B * p.T * p.H) return;
   int lane = threadIdx.x & 31;
   int64_t tt = row / p.H, hq = row % p.H, K = p.K, grp = p.HV / p.H;
-  for (int which = 0; which < 2; which++) {
+  for (int which = 0; which < (dk ? 2 : 1); which++) {   /* dk NULL: done already */
     const void *x = which ? k : q;
     const float *src = which ? w.dKi : w.dQ;
     void *dst = which ? dk : dq;
@@ -225,8 +225,10 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   int64_t tt = row / p.H, hq = row % p.H, K = live ? p.K : 0, grp = p.HV / p.H, ix = row * K;
   float4 dy[2][NJ], x[2][NJ];
   float ss[2] = {0.f, 0.f}, dot[2] = {0.f, 0.f};
+  const int nw = dk ? 2 : 1;                      /* dk NULL: done already (k_bwd_final_tc) */
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
+    if (wh >= nw) break;
     const float *src = wh ? w.dKi : w.dQ;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -243,6 +245,7 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
+    if (wh >= nw) break;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       if (4 * lane + 4 * LW * j >= K) break;
@@ -254,6 +257,7 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
+    if (wh >= nw) break;
     float r = rsqrtf(ss[wh] + L2_EPS), c = r * r * r * dot[wh];
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -737,6 +741,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   rowin ri;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec, &ri)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
+  void *dkf = nullptr;                             /* dk written by k_bwd_final_tc (below) */
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
     /* the rows kernel's layout. The precise variant's sep: dS in a tile of its own when it
@@ -828,8 +833,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
-    /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM */
-    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, w);
+    /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM. dk from the
+     * final kernel where no GVA group sum comes first (H == HV) and a lane's columns hold the
+     * row (K <= 128); k_qk_bwd then does dq alone. H200, one run: */
+    dkf = a->H == a->HV && a->K <= 128 ? dk : nullptr;
+    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dkf,
+                                                                     w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
@@ -853,11 +862,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   }
   {
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);
+    void *dkr = dkf ? nullptr : dk;                 /* NULL: dk done (k_bwd_final_tc) */
     int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)dq | (uintptr_t)dk) % 8 == 0;
-    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dk, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
-    else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dkr, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
+    else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
     LAUNCH_OK("k_qk_bwd", "kda_kda_cuda_backward");
   }
   return 0;

@@ -543,7 +543,7 @@ size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
-                                                    void *dg, void *dbeta, ws w) {
+                                                    void *dg, void *dbeta, void *dkq, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -882,9 +882,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   int lane = tid & 31, wp = tid >> 5;
   /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
    * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
-   * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest) */
+   * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
+   * dkq (H == HV, K <= 128: a lane's 4 columns are the row's all): the row's dKi is final here,
+   * so its l2-norm backward (k_qk_bwd's, y = x r: dx = r dy - r^3 (dy . x) x, x the raw k, r its
+   * factor rk) runs in place and dk is written in bf16 instead of dKi in fp32 for k_qk_bwd to
+   * read back with the raw k: 10 of its 16 bytes an element. */
   for (int i = wp; i < n; i += BT / 32) {
-    float acc = 0, b = bs[i];
+    float acc = 0, b = bs[i], dot = 0, y[4];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
 #pragma unroll
@@ -899,13 +903,24 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         if (d >= K) break;
         int gi = i * RS + d;
         float kn = kv(i, d);
-        dKig[gi] = dk[u] + b * R[u];
+        y[u] = dk[u] + b * R[u];
+        if (dkq) dot += y[u] * __bfloat162float(kb[i * QB + d]);
+        else dKig[gi] = y[u];
         dGs[i * KS + d] = dw[u] + kn * b * R[u];
         acc += kn * R[u];
       }
     }
     acc = kc_warp_sum(acc);
     if (!lane) dbi[i] = acc;
+    if (dkq) {
+      float r = rk[i], c = r * r * r * kc_warp_sum(dot);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = lane + 32 * u;
+        if (d >= K) break;
+        stb(dkq, ROWI(i) * K + d, p.l2 ? r * y[u] - c * __bfloat162float(kb[i * QB + d]) : y[u]);
+      }
+    }
   }
   __syncthreads();
   PH(7);
@@ -959,8 +974,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,
-                                                        void *dg, void *dbeta, ws w) {
-  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, w);
+                                                        void *dg, void *dbeta, void *dkq, ws w) {
+  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dkq, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
