@@ -277,7 +277,7 @@ typedef void (*intra_tc_fn)(kp, const void *, ws, int, rowin);
 typedef void (*rows_tc_fn)(kp, const void *, ws, int);
 typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
 typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
-                            void *, void *, void *, ws);
+                            void *, void *, void *, void *, ws);
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);

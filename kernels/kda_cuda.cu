@@ -837,8 +837,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * final kernel where no GVA group sum comes first (H == HV) and a lane's columns hold the
      * row (K <= 128); k_qk_bwd then does dq alone. H200, one run: */
     dkf = a->H == a->HV && a->K <= 128 ? dk : nullptr;
-    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dkf,
-                                                                     w);
+    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
+                                                                     dkf ? dq : nullptr, dkf, w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
@@ -860,9 +860,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     k_gate_reduce<<<(unsigned)a->HV, 128, 0, st>>>(p, w, n_seq(a), dA_log, ddt_bias);
     LAUNCH_OK("k_gate_reduce", "kda_kda_cuda_backward");
   }
-  {
+  if (!dkf) {                                      /* else dq, dk done (k_bwd_final_tc) */
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);
-    void *dkr = dkf ? nullptr : dk;                 /* NULL: dk done (k_bwd_final_tc) */
+    void *dkr = dk;
     int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)dq | (uintptr_t)dk) % 8 == 0;
     if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dkr, w);
     else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);

@@ -543,7 +543,7 @@ size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
-                                                    void *dg, void *dbeta, void *dkq, ws w) {
+                                                    void *dg, void *dbeta, void *dqq, void *dkq, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -886,9 +886,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * dkq (H == HV, K <= 128: a lane's 4 columns are the row's all): the row's dKi is final here,
    * so its l2-norm backward (k_qk_bwd's, y = x r: dx = r dy - r^3 (dy . x) x, x the raw k, r its
    * factor rk) runs in place and dk is written in bf16 instead of dKi in fp32 for k_qk_bwd to
-   * read back with the raw k: 10 of its 16 bytes an element. */
+   * read back with the raw k: 10 of its 16 bytes an element. dq's likewise from the row's dQ
+   * (final since the row products), so that k_qk_bwd does not run. */
   for (int i = wp; i < n; i += BT / 32) {
-    float acc = 0, b = bs[i], dot = 0, y[4];
+    float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
 #pragma unroll
@@ -896,6 +897,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int d = d0 + 32 * u;
         int gi = i * RS + d;
         if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+        if (dkq && d < K) yq[u] = dQg[gi];
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -904,7 +906,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int gi = i * RS + d;
         float kn = kv(i, d);
         y[u] = dk[u] + b * R[u];
-        if (dkq) dot += y[u] * __bfloat162float(kb[i * QB + d]);
+        if (dkq) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
         else dKig[gi] = y[u];
         dGs[i * KS + d] = dw[u] + kn * b * R[u];
         acc += kn * R[u];
@@ -913,12 +915,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     acc = kc_warp_sum(acc);
     if (!lane) dbi[i] = acc;
     if (dkq) {
-      float r = rk[i], c = r * r * r * kc_warp_sum(dot);
+      float r = rk[i], c = r * r * r * kc_warp_sum(dot), s = rq[i], cq = s * s * s * kc_warp_sum(dotq);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         int d = lane + 32 * u;
         if (d >= K) break;
         stb(dkq, ROWI(i) * K + d, p.l2 ? r * y[u] - c * __bfloat162float(kb[i * QB + d]) : y[u]);
+        stb(dqq, ROWI(i) * K + d, p.l2 ? s * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
       }
     }
   }
@@ -974,8 +977,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,
-                                                        void *dg, void *dbeta, void *dkq, ws w) {
-  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dkq, w);
+                                                        void *dg, void *dbeta, void *dqq, void *dkq, ws w) {
+  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dqq, dkq, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
