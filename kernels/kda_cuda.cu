@@ -19,7 +19,8 @@
  *   k_bwd_rows   per (chunk, head): dQ_inter, dKi, dW (contractions over V with S0, dS)
  *   k_bwd_mat    per (chunk, head): dA, dM, dL = -tril(M^T dM M^T), dv, dKb, dbeta (WY part)
  *   k_bwd_final  per (chunk, head): intra terms, dG, reverse cumsum, gate / beta chains
- *   k_qk_bwd     per (token, q/k head): GVA group sum + l2-norm backward -> dq, dk
+ *   k_qk_bwd     per (token, q/k head): GVA group sum + l2-norm backward -> dq, dk (version
+ *                2 with H == HV, K <= 128: k_bwd_final_tc does it)
  * Every exponent is of a difference G_i - G_j with i >= j (or of G itself), so <= 0 when g <= 0:
  * nothing overflows for any decay strength.
  *
@@ -189,7 +190,7 @@ __global__ void k_qk_bwd(kp p, const void *q, const void *k, void *dq, void *dk,
   if (row >= p.B * p.T * p.H) return;
   int lane = threadIdx.x & 31;
   int64_t tt = row / p.H, hq = row % p.H, K = p.K, grp = p.HV / p.H;
-  for (int which = 0; which < (dk ? 2 : 1); which++) {   /* dk NULL: done already */
+  for (int which = 0; which < 2; which++) {
     const void *x = which ? k : q;
     const float *src = which ? w.dKi : w.dQ;
     void *dst = which ? dk : dq;
@@ -225,10 +226,8 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   int64_t tt = row / p.H, hq = row % p.H, K = live ? p.K : 0, grp = p.HV / p.H, ix = row * K;
   float4 dy[2][NJ], x[2][NJ];
   float ss[2] = {0.f, 0.f}, dot[2] = {0.f, 0.f};
-  const int nw = dk ? 2 : 1;                      /* dk NULL: done already (k_bwd_final_tc) */
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
-    if (wh >= nw) break;
     const float *src = wh ? w.dKi : w.dQ;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -245,7 +244,6 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
-    if (wh >= nw) break;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       if (4 * lane + 4 * LW * j >= K) break;
@@ -257,7 +255,6 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
   }
 #pragma unroll
   for (int wh = 0; wh < 2; wh++) {
-    if (wh >= nw) break;
     float r = rsqrtf(ss[wh] + L2_EPS), c = r * r * r * dot[wh];
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -741,7 +738,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   rowin ri;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec, &ri)) return -1;
   dim3 gc((unsigned)NTu, (unsigned)a->HV);
-  void *dkf = nullptr;                             /* dk written by k_bwd_final_tc (below) */
+  int qk_final = 0;                                /* dq, dk written by k_bwd_final_tc (below) */
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
     /* the rows kernel's layout. The precise variant's sep: dS in a tile of its own when it
@@ -833,12 +830,16 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
-    /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM. dk from the
-     * final kernel where no GVA group sum comes first (H == HV) and a lane's columns hold the
-     * row (K <= 128); k_qk_bwd then does dq alone. H200, one run: */
-    dkf = a->H == a->HV && a->K <= 128 ? dk : nullptr;
+    /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM. The l2-norm
+     * backward (dq, dk) in the final kernel where no GVA group sum comes first (H == HV) and a
+     * lane's four columns hold a row (K <= 128), instead of k_qk_bwd after it (bwd_final_tc's R
+     * terms). H200, one run (2026-12-02s26c), fwd+bwd against main's kernels: 3.340-3.344 ->
+     * 3.177-3.181 ms at (8,2048,16,128), 2.133-2.141 -> 2.047-2.054 at (1,8192,16,128), in a
+     * graph 0.485-0.486 -> 0.466 at (32,512,4,64), 0.154 -> 0.148-0.149 at (8,512,4,64) */
+    qk_final = a->H == a->HV && a->K <= 128;
     kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
-                                                                     dkf ? dq : nullptr, dkf, w);
+                                                                     qk_final ? dq : nullptr, qk_final ? dk : nullptr,
+                                                                     w);
     LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
@@ -860,14 +861,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     k_gate_reduce<<<(unsigned)a->HV, 128, 0, st>>>(p, w, n_seq(a), dA_log, ddt_bias);
     LAUNCH_OK("k_gate_reduce", "kda_kda_cuda_backward");
   }
-  if (!dkf) {                                      /* else dq, dk done (k_bwd_final_tc) */
+  if (!qk_final) {
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);
-    void *dkr = dk;
     int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)dq | (uintptr_t)dk) % 8 == 0;
-    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dkr, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
-    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
-    else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dkr, w);
+    if (a->K % 4 == 0 && al8 && a->K <= 64) k_qk_bwd4<1, 16><<<(nbq + 1) / 2, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 128) k_qk_bwd4<1, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else if (a->K % 4 == 0 && al8 && a->K <= 256) k_qk_bwd4<2, 32><<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
+    else k_qk_bwd<<<nbq, 256, 0, st>>>(p, q, k, dq, dk, w);
     LAUNCH_OK("k_qk_bwd", "kda_kda_cuda_backward");
   }
   return 0;

@@ -168,10 +168,11 @@ static __device__ void tril_inverse(const float *L, float *M, int CS, int C, flo
  * the chunk's rows, from the raw inputs straight into the q, k, G tiles and b. k_rows4 did it
  * for the whole tensor, writing qn, kn, G, b (fp32) that this kernel then read back; now only
  * a backward's workspace gets b and each row's norm factors rn (ri.wr: k_bwd_final_tc scales
- * the raw q, k by them; it read qn, kn, 2 x 4 K bytes a row written here), and k_rows4's launch is gone (the chunk
- * table runs alone before this kernel). LW lanes a row, four columns a lane, the norms'
- * sums in k_rows4's order (LW and the arithmetic as its instantiation for this K): the same
- * values bit for bit (test_kda_cuda compares the two fronts). K % 4 == 0, K <= 4 LW, 8-byte
+ * the raw q, k by them; it read qn, kn, 2 x 4 K bytes a row written here), and k_rows4's
+ * launch is gone (the chunk table runs alone before this kernel). LW lanes a row, four
+ * columns a lane, the norms' sums in k_rows4's order (LW and the arithmetic as its
+ * instantiation for this K): the same values bit for bit (test_kda_cuda compares the two
+ * fronts). K % 4 == 0, K <= 4 LW, 8-byte
  * aligned q, k, g (kda_cuda.cu front); pad rows and columns zero, as the staged tiles'. */
 template <int LW, int RW, class FM>
 static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,

@@ -2,7 +2,8 @@
  * chunk-parallel kernels after the backward state pass, per (chunk, value head), 512 threads:
  * k_bwd_rows_tc (the contractions over V with the chunk's entering state and its gradient),
  * k_bwd_mat_tc (the WY part: dA, dM -> dL, dv, dKb, dbeta) and k_bwd_final_tc (the intra
- * terms, dG, the gate and beta chains), each with its precise twin from the same template;
+ * terms, dG, the gate and beta chains, and where H == HV, K <= 128 the l2-norm backward to dq,
+ * dk), each with its precise twin from the same template;
  * and the kept fast reverse sweep with two tile sets (k_state_bwd_tc_db), alone and with the
  * rows kernel as one grid (k_bwd_flow). Shared with kda_tc.cu (intra and state passes):
  * kda_tc.cuh, and the state passes' helpers kda_state.cuh. */
@@ -543,7 +544,7 @@ size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X
 template <bool PR, bool CM, int KV>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
-                                                    void *dg, void *dbeta, void *dqq, void *dkq, ws w) {
+                                                    void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -883,11 +884,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
    * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
    * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
-   * dkq (H == HV, K <= 128: a lane's 4 columns are the row's all): the row's dKi is final here,
-   * so its l2-norm backward (k_qk_bwd's, y = x r: dx = r dy - r^3 (dy . x) x, x the raw k, r its
-   * factor rk) runs in place and dk is written in bf16 instead of dKi in fp32 for k_qk_bwd to
-   * read back with the raw k: 10 of its 16 bytes an element. dq's likewise from the row's dQ
-   * (final since the row products), so that k_qk_bwd does not run. */
+   * dq_out, dk_out (H == HV, K <= 128: a lane's 4 columns are the row's all): the row's dKi is
+   * final here and its dQ since the row products, so their l2-norm backward (k_qk_bwd's: y = x r
+   * gives dx = r dy - r^3 (dy . x) x, x the raw row, r its factor) runs here and dq, dk go out
+   * in bf16; dQ, dKi in fp32 went to k_qk_bwd, which read them back with the raw q, k. The sums
+   * run in another order than k_qk_bwd's (lanes strided by 32, not 4 adjacent columns). */
   for (int i = wp; i < n; i += BT / 32) {
     float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
@@ -897,7 +898,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int d = d0 + 32 * u;
         int gi = i * RS + d;
         if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
-        if (dkq && d < K) yq[u] = dQg[gi];
+        if (dk_out && d < K) yq[u] = dQg[gi];
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -906,7 +907,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int gi = i * RS + d;
         float kn = kv(i, d);
         y[u] = dk[u] + b * R[u];
-        if (dkq) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
+        if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
         else dKig[gi] = y[u];
         dGs[i * KS + d] = dw[u] + kn * b * R[u];
         acc += kn * R[u];
@@ -914,14 +915,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
     acc = kc_warp_sum(acc);
     if (!lane) dbi[i] = acc;
-    if (dkq) {
-      float r = rk[i], c = r * r * r * kc_warp_sum(dot), s = rq[i], cq = s * s * s * kc_warp_sum(dotq);
+    if (dk_out) {
+      float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         int d = lane + 32 * u;
         if (d >= K) break;
-        stb(dkq, ROWI(i) * K + d, p.l2 ? r * y[u] - c * __bfloat162float(kb[i * QB + d]) : y[u]);
-        stb(dqq, ROWI(i) * K + d, p.l2 ? s * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
+        stb(dk_out, ROWI(i) * K + d, p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
+        stb(dq_out, ROWI(i) * K + d, p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
       }
     }
   }
@@ -977,8 +978,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,
-                                                        void *dg, void *dbeta, void *dqq, void *dkq, ws w) {
-  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dqq, dkq, w);
+                                                        void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
+  bwd_final_tc<PR, CM, KV>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
