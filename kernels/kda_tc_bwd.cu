@@ -502,7 +502,8 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
  * k_intra_tc formed, so the same values as the fp32 qn, kn tiles staged until 2026-12-02 in
  * half the room; that room holds dKb, which the diagonal phase, the row products and the R
  * terms read and wrote in global memory (4.5 passes of 4 C K bytes a block, now one staged
- * read). */
+ * read). Alone a wash (H200, 2026-12-02s26a: the staging grew by what the diagonal phase and
+ * the row products lost); the raw rows are what lets the R terms do the l2-norm backward. */
 /* the column terms' groups: from block J0, the blocks whose X_J ([q ; b k] rows i > 16 J + 15,
  * 2 m16 rows each) fit X's C + 32 rows together (at C = 64: {0}, {1, 2}); returns the end J1
  * and in *at the group's A-tile columns (2 m16 + 4 a block) */
@@ -804,9 +805,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * together (at C = 64: {0}, {1, 2}). */
   auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
   for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
-    int atcols;
+    int atcols;                                     /* <= final_at_cols(C): At holds the group's A tiles */
     J1 = col_group(J0, n, C, &atcols);
-    const bool ldm = LDM;                           /* the group's A tiles in At (final_at_cols) */
     __syncthreads();                                /* the previous products' reads of X (and A) done */
     for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
       int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
@@ -824,7 +824,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         }
         *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
       }
-      if (ldm)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+      if (LDM)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
         for (int e = tid; e < 32 * m16; e += BT) {
           int k = e >> 4, jj = e & 15, j = 16 * J + jj;
           float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
@@ -866,7 +866,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           }
         return pf;
       };
-      if (ldm) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
+      if (LDM) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
       else
         mma_blk4<PT>(16, K16, 2 * m16,
                      [&](int jj, int k) {
