@@ -614,8 +614,11 @@ static void all_cases() {
   run_case("K=V=128 chunk 32", {1, 200, 2, 2, 128, 128, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=V=64 chunk 16", {1, 100, 1, 1, 64, 64, 16, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 (non-power-of-2)", {2, 130, 1, 1, 100, 60, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
-  /* K % 4 != 0: the general l2-norm backward (k_qk_bwd); K = 256: the vector one's second column group */
+  /* K % 4 != 0: with H == HV the final kernel's l2-norm backward at a partial lane row, with GVA
+   * the general one (k_qk_bwd: version 2 runs it only where H != HV or K > 128); K = 256: the
+   * vector one's second column group */
   run_case("K=30 V=20 (K % 4 != 0)", {1, 100, 2, 2, 30, 20, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
+  run_case("K=30 V=20 GVA H=1 HV=2 (k_qk_bwd)", {1, 100, 1, 2, 30, 20, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=256 V=64 chunk 32", {1, 100, 1, 1, 256, 64, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 chunk 32 softplus gate (precise backward, padded tiles)",
            {2, 130, 1, 1, 100, 60, 32, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, {}}, 0, 0, 1);
