@@ -35,6 +35,8 @@
 #             metrics as CSV (the KDA kernels are built with -lineinfo), and benches/ncu_sass_mix.py's
 #             stall / opcode summary of the SASS page (session 15 ran the same steps inline: the
 #             CUDA-source page came back without metrics, the SASS page with them)
+#   sass_map  KERNELS (regexes) of kda_bench (KDA_BIN=NAME): nvdisasm -g of its cubin and ncu's per-SASS-line
+#             counts (SourceCounters) at SHAPE, for benches/sass_lines.py's per-source-line table
 #   other     (e.g. none) only unpacks the bundle, for a command of one's own after it
 #   ladder    gpu ladder rungs 1-2 on the full prose domain (.devbuild/data)
 #   rung3     gpu ladder rung 3 alone (time-capped)
@@ -191,6 +193,18 @@ if [ "$MODE" = ncu_source ]; then
   xz -f "$OUT"/ncu_source_*.csv; ls -la "$OUT"; head -60 "$OUT/ncu_details.txt"; cat "$OUT/ncu_mix.txt"
 fi
 
+if [ "$MODE" = sass_map ]; then   # per-source-line instruction counts of kernels (KERNELS: regexes; KDA_BIN=NAME)
+  build_kda                      # every cubin's SASS with line info (nvdisasm -g) and ncu's per-instruction page a kernel
+  mkdir -p /tmp/cubins && (cd /tmp/cubins && cuobjdump -xelf all "$KDA_HOME/build/kda_gpu/kda_bench" > /dev/null 2>&1)
+  NVD=$(command -v nvdisasm || ls /usr/local/cuda*/bin/nvdisasm 2>/dev/null | head -1); echo "nvdisasm: $NVD"
+  for c in /tmp/cubins/*.cubin; do "$NVD" -g -c "$c" 2>/dev/null; done | xz > "$OUT/kernels_sass.txt.xz"
+  for k in ${KERNELS:?}; do
+    KDA_BENCH_SHAPE=${SHAPE:-0} timeout 200 ncu --section SourceCounters --section WarpStateStats -k "regex:^$k" --launch-skip 3 \
+      --launch-count 1 -f -o /tmp/kda_sm build/kda_gpu/kda_bench > "$OUT/ncu_run.log" 2>&1; echo "ncu $k rc=$?"
+    ncu -i /tmp/kda_sm.ncu-rep --page source --csv --print-source sass 2>&1 | xz > "$OUT/ncu_$k.csv.xz"
+  done
+  ls -la "$OUT"
+fi
 if [ "$MODE" = ladder ] && [ -f .devbuild/data/prose.txt.xz ]; then
     stage "gpu ladder rungs 1-2 on the full prose domain"
     mkdir -p /tmp/corpus && xz -dc .devbuild/data/prose.txt.xz > /tmp/corpus/prose.txt && cp .devbuild/data/MANIFEST /tmp/corpus/

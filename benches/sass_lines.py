@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""benches/sass_lines.py SASS.txt NCU.csv [N] — where one kernel's instructions come from, by
+source line. SASS.txt: `nvdisasm -g -c` of the cubin holding the kernel (its line-info comments
+name the source line of each instruction, the innermost inlined call site first); NCU.csv: ncu's
+per-instruction source page of one launch (`--page source --csv --print-source sass`), both
+written by `benches/device_run.sh sass_map`. The profiled function is the disassembled one whose
+opcodes match the page's row for row; each row's executed warp instructions and stall samples
+are then summed by source line (file:line of the innermost frame), with the share that is
+integer or address arithmetic (IMAD, IADD3, LEA, SHF, ISETP, LOP3, ...). Prints the N (40) lines
+with the most instructions, and the totals by file."""
+import collections, csv, lzma, re, sys
+
+INT_OPS = {"IMAD", "IADD3", "LEA", "SHF", "ISETP", "LOP3", "IABS", "IMNMX", "SEL", "PRMT", "SGXT", "BMSK",
+           "IADD", "IMUL", "ISCADD", "MOV", "S2R", "CS2R", "P2R", "R2P", "PLOP3", "VIMNMX", "FLO", "POPC"}
+
+
+def opened(path):
+    return lzma.open(path, "rt") if path.endswith(".xz") else open(path)
+
+
+def opcode(text):
+    w = text.replace("{", " ").split()
+    if not w:
+        return ""
+    if w[0].startswith("@"):
+        w = w[1:]
+    return w[0].split(".")[0].rstrip(";") if w else ""
+
+
+def functions(path):
+    """{name: [(opcode, (file, line) or None), ...]} from nvdisasm -g -c output"""
+    funcs, cur, where = {}, None, None
+    loc = re.compile(r'//## File "([^"]+)", line (\d+)')
+    ins = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+    for raw in opened(path):
+        m = re.match(r"\s*\.text\.(\S+):", raw)
+        if m:
+            cur, where = m.group(1), None
+            funcs[cur] = []
+            continue
+        if cur is None:
+            continue
+        m = loc.search(raw)
+        if m:
+            where = (m.group(1).split("/")[-1], int(m.group(2)))
+            continue
+        m = ins.search(raw)
+        if m:
+            funcs[cur].append((opcode(m.group(2)), where))
+    return funcs
+
+
+def main():
+    sass, page = sys.argv[1], sys.argv[2]
+    top = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+    rows = list(csv.reader(opened(page)))
+    h = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
+    hdr = rows[h]
+    ix = {k: i for i, k in enumerate(hdr)}
+    data = [r for r in rows[h + 1:] if len(r) >= len(hdr)]
+    ops = [opcode(r[ix["Source"]]) for r in data]
+    best = None
+    for name, f in functions(sass).items():
+        if len(f) == len(ops) and all(a == b for a, (b, _) in zip(ops, f)):
+            best = (name, f)
+    if not best:
+        sys.exit(f"sass_lines: no function in {sass} matches the {len(ops)} instructions of {page}")
+    name, f = best
+    num = lambda x: float(x or 0) if re.match(r"^[0-9.eE+-]+$", x or "") else 0.0
+    S = ix["Warp Stall Sampling (All Samples)"]
+    by, files = collections.defaultdict(lambda: [0.0, 0.0, 0.0]), collections.Counter()
+    tot_i = tot_s = 0.0
+    for r, (op, where) in zip(data, f):
+        n, s = num(r[ix["Instructions Executed"]]), num(r[S])
+        b = by[where]
+        b[0] += n
+        b[1] += s
+        b[2] += n if op in INT_OPS else 0
+        files[where[0] if where else "?"] += n
+        tot_i += n
+        tot_s += s
+    print(f"{name}: {len(ops)} SASS lines, {tot_i:.0f} warp instructions, {tot_s:.0f} stall samples")
+    print("  file:line              insts  share  int%  stall%")
+    for where, (n, s, ii) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top]:
+        w = f"{where[0]}:{where[1]}" if where else "?"
+        print(f"  {w:22s} {n:9.0f} {100 * n / tot_i:5.1f}% {100 * ii / max(n, 1):4.0f}% {100 * s / max(tot_s, 1):5.1f}%")
+    print("by file: " + ", ".join(f"{k} {100 * v / tot_i:.1f}%" for k, v in files.most_common(8)))
+
+
+if __name__ == "__main__":
+    main()
