@@ -22,23 +22,24 @@ CFLAGS="-std=c11 -O2 -fopenmp -D_GNU_SOURCE -Icore"
 NVFLAGS="-std=c++17 -O3 -lineinfo -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"   # -lineinfo: ncu's source view (no code change)
 newer() { [ ! -e "$1" ] || [ -n "$(find core kernels tests/gpu benches -newer "$1" -name '*.[ch]*' 2>/dev/null | head -1)" ]; }
 if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phases"; then
-  gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o"
-  gcc $CFLAGS -c core/util.c -o "$B/util.o"
-  gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_cuda.cu -o "$B/kda_cuda.o" 2> "$LOG/kda_ptxas.log"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_v1.cu -o "$B/kda_v1.o" 2>> "$LOG/kda_ptxas.log"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_tc.cu -o "$B/kda_tc.o" 2>> "$LOG/kda_ptxas.log"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd.o" 2>> "$LOG/kda_ptxas.log"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_state_wide.cu -o "$B/kda_state_wide.o" 2>> "$LOG/kda_ptxas.log"
-  "$NVCC" $NVFLAGS -Xptxas -v -c kernels/kda_ops.cu -o "$B/kda_ops.o" 2>> "$LOG/kda_ptxas.log"
+  # two compile streams side by side (the two largest units lead them; ~half the time on two
+  # cores), each nvcc's ptxas report into a log of its own, joined in a fixed order after
+  nv() { "$NVCC" $NVFLAGS "$@"; }
+  obj() { nv -Xptxas -v -c "kernels/$1.cu" -o "$B/$1.o" 2> "$B/$1.ptxas"; }
+  ( obj kda_tc_bwd && nv -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o" && obj kda_ops ) & s1=$!
+  ( obj kda_tc && nv -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o" && obj kda_cuda && obj kda_v1 &&
+    obj kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
+    gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
+  ok=0; wait $s1 || ok=1; wait $s2 || ok=1
+  for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_state_wide kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
+  [ $ok = 0 ] || { grep -E "error" "$LOG/kda_ptxas.log" | head; echo "kda_gpu.sh: a compile failed" >&2; exit 1; }
   grep -E "Compiling entry|Used|spill" "$LOG/kda_ptxas.log" | grep -v "0 bytes spill stores, 0 bytes spill loads" || true
-  "$NVCC" $NVFLAGS tests/gpu/test_kda_cuda.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_state_wide.o" "$B/kda_ops.o" "$B/cpu_kda.o" \
-    "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda"
-  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_state_wide.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench"
+  O="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide.o $B/kda_ref.o $B/util.o"
+  nv tests/gpu/test_kda_cuda.cu $O "$B/kda_tc.o" "$B/kda_tc_bwd.o" "$B/kda_ops.o" "$B/cpu_kda.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda" & s1=$!
+  nv benches/kda_bench.cu $O "$B/kda_tc.o" "$B/kda_tc_bwd.o" -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
-  "$NVCC" $NVFLAGS -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o"
-  "$NVCC" $NVFLAGS -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o"
-  "$NVCC" $NVFLAGS benches/kda_bench.cu "$B/kda_cuda.o" "$B/kda_v1.o" "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_state_wide.o" "$B/kda_ref.o" "$B/util.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
+  nv benches/kda_bench.cu $O "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
+  wait $s1
 fi
 if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then
   CUOBJ=$(command -v cuobjdump || echo "$(dirname "$NVCC")/cuobjdump")
