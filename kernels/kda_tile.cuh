@@ -191,11 +191,18 @@ static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, in
                                                    bool al, RP rowp) {
   if (al && cols % 4 == 0) {
     int c4 = Cp >> 2;
-    for (int e = threadIdx.x; e < R * c4; e += BT) {
-      int r = e / c4, c = (e % c4) << 2;
-      bool ok = r < rows && c < cols;
-      cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
-    }
+    if (BT % c4 == 0) {   /* the same copies a thread as below, a row step apart: no division a copy */
+      const int c = (threadIdx.x % c4) << 2, step = BT / c4;
+      for (int r = threadIdx.x / c4; r < R; r += step) {
+        bool ok = r < rows && c < cols;
+        cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+      }
+    } else
+      for (int e = threadIdx.x; e < R * c4; e += BT) {
+        int r = e / c4, c = (e % c4) << 2;
+        bool ok = r < rows && c < cols;
+        cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
+      }
   } else {
     for (int e = threadIdx.x; e < R * Cp; e += BT) {
       int r = e / Cp, c = e % Cp;
@@ -426,11 +433,20 @@ static __device__ __forceinline__ void cp_tile_bf16(sbf *dst, int ds, int C, int
                                                     const void *src, int64_t t0, int64_t HV, int64_t h) {
   const sbf *g = (const sbf *)src;
   if (V % 8 == 0 && al16(src)) {
-    for (int e = threadIdx.x; e < C * (V16 / 8); e += BT) {
-      int i = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
-      bool ok = i < n && c < V;
-      cp_async16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
-    }
+    const int c8 = V16 / 8;
+    if (BT % c8 == 0) {   /* as cp_tile_f32's: a thread's column fixed, its rows a step apart */
+      const int c = (threadIdx.x % c8) * 8, step = BT / c8;
+      const sbf *gc = g + h * V + c;
+      for (int i = threadIdx.x / c8; i < C; i += step) {
+        bool ok = i < n && c < V;
+        cp_async16(dst + i * ds + c, ok ? gc + (t0 + i) * HV * V : g, ok);
+      }
+    } else
+      for (int e = threadIdx.x; e < C * c8; e += BT) {
+        int i = e / c8, c = (e % c8) * 8;
+        bool ok = i < n && c < V;
+        cp_async16(dst + i * ds + c, g + (ok ? ((t0 + i) * HV + h) * V + c : 0), ok);
+      }
   } else
     batched<8>(C * V16, [&](int e) {
       int i = e / V16, c = e % V16;
