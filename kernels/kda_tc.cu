@@ -488,21 +488,38 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   static_assert(!PB || 2 * 64 * (KV + 8) <= (2 * 64 + 32) * (KV + 4), "PB: Kb, bV fit q/X/Y (C = 64, K = V = KV)");
   const int PKS = PB ? K16 + 8 : KS, PVS = PB ? V16 + 8 : VS;
   float *Kbt = PB ? sm : ks, *Vbt = PB ? sm + C * PKS : Vb;
-  for (int e = tid; e < C * K16; e += BT) {        /* Kb = b k e^G (the backward keeps it) */
-    int r = e / K16, d = e % K16;
-    float kb = ks[r * KS + d] * (bs[r] * kexp(Gs[r * KS + d]));
-    Kbt[r * PKS + d] = PR ? kb : tf32r(kb);
-    if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
-  }
+  /* Kb = b k e^G (the backward keeps it); at K % 4 == 0 four columns a thread (float4 loads and
+   * stores: an element at a time, its index arithmetic and 4-byte global store were ~8% of this
+   * kernel's instructions, ncu at (8,2048,16,128)) */
+  if (K % 4 == 0)
+    for (int e = tid; e < C * (K16 / 4); e += BT) {
+      int r = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
+      float4 k4 = *(const float4 *)(ks + r * KS + d), g4 = *(const float4 *)(Gs + r * KS + d);
+      float b = bs[r];
+      float4 kb = make_float4(k4.x * (b * kexp(g4.x)), k4.y * (b * kexp(g4.y)), k4.z * (b * kexp(g4.z)),
+                              k4.w * (b * kexp(g4.w)));
+      *(float4 *)(Kbt + r * PKS + d) = PR ? kb : make_float4(tf32r(kb.x), tf32r(kb.y), tf32r(kb.z), tf32r(kb.w));
+      if (w.Kb && r < n && d < K) *(float4 *)(w.Kb + ROWI(r) * K + d) = kb;
+    }
+  else
+    for (int e = tid; e < C * K16; e += BT) {
+      int r = e / K16, d = e % K16;
+      float kb = ks[r * KS + d] * (bs[r] * kexp(Gs[r * KS + d]));
+      Kbt[r * PKS + d] = PR ? kb : tf32r(kb);
+      if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
+    }
   if (!vt)
     batched<8>(C * V16, [&](int e) {               /* Vb = b V (8 loads per thread in flight) */
       int r = e / V16, c = e % V16;
       return r < n && c < V ? bs[r] * ldb(v, ROWI(r) * V + c) : 0.f;
     }, [&](int e, float x) { Vbt[(e / V16) * PVS + e % V16] = PB ? tf32r(x) : x; });
-  else if (PB)                                     /* from the staged v tile (zero past n, V) */
-    for (int e = tid; e < C * V16; e += BT) {
-      int r = e / V16, c = e % V16;
-      Vbt[r * PVS + c] = tf32r(bs[r] * f(vr[r * VB + c]));
+  else if (PB)                                     /* from the staged v tile (zero past n, V); 4 columns a thread */
+    for (int e = tid; e < C * (V16 / 4); e += BT) {
+      int r = e / (V16 / 4), c = (e % (V16 / 4)) * 4;
+      uint2 u = *(const uint2 *)(vr + r * VB + c);
+      float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), z = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+      float b = bs[r];
+      *(float4 *)(Vbt + r * PVS + c) = make_float4(tf32r(b * a.x), tf32r(b * a.y), tf32r(b * z.x), tf32r(b * z.y));
     }
   if (CM) cp_async_wait_all();                     /* the v tile, copied after the inverse */
   __syncthreads();
