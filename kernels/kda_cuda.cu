@@ -46,7 +46,6 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->ctab = (int *)take(NTu * 4 * 4);
   w->sfirst = (int *)take((n_seq(a) + 1) * 4);
   w->flow = (int *)take((3 + 2 * NTu * a->HV) * 4);   /* the flow kernels' (kda_common.cuh) */
-  w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4);
   w->G = (float *)take(TH * K * 4), w->b = (float *)take(TH * 4), w->rn = (float2 *)take(TH * 8);
   w->Aqk = (float *)take(TH * C * 4), w->M = (float *)take(TH * C * 4);
   /* W, kg, qg: fp32 rows of K (version 1), bf16 rows of r16(K) (version 2) or fp32 rows of
@@ -56,11 +55,19 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
   w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
-  if (backward) {
+  /* qn, kn (the row kernels' normalised q, k: version 1, and version 2's unfused front, whose
+   * k_intra_tc stages them) are read only by the call that writes them, never by a kept
+   * forward's backward (version 2's reads the raw q, k and rn): past the kept bytes. A kept
+   * forward with the unfused front writes them there, before any later layer's forward lays its
+   * kept bytes over them (the backend's keep_plan) */
+  auto take_qk = [&] { w->qn = (float *)take(TH * K * 4), w->kn = (float *)take(TH * K * 4); };
+  if (!backward) take_qk();
+  else {
     /* what a kept forward also writes (keep_bytes ends here), then the backward's scratch */
     w->vn = (float *)take(TH * V * 4), w->Kb = (float *)take(TH * K * 4);
     w->h = (float *)take(NTu * a->HV * K * V * 4);
     if (keep_end) *keep_end = off;
+    take_qk();
     w->dvn = (float *)take(TH * V * 4), w->dvnb = (bf16 *)take(TH * V * 2);
     w->dQ = (float *)take(TH * K * 4), w->dKi = (float *)take(TH * K * 4);
     w->dW = (float *)take(TH * K * 4), w->dKb = (float *)take(TH * K * 4);

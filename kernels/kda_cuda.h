@@ -24,9 +24,11 @@ extern "C" {
  * first call does not pay CUDA's lazy kernel load. */
 int64_t kda_kda_cuda_workspace_bytes(const kda_kda_args *a, int backward);
 /* With keep (below): the first kda_kda_cuda_keep_bytes(a) bytes of the backward-sized
- * workspace are what the kept forward leaves for its backward; the forward writes nothing past
- * them, and the backward writes the rest before reading it, so between the two calls that rest
- * may hold anything (e.g. another layer's kept bytes: the CUDA backend overlaps them). */
+ * workspace are what the kept forward leaves for its backward; past them the forward may use
+ * scratch of its own (read only within the call) and the backward writes the rest before
+ * reading it, so from the end of the forward to the start of the backward that rest may hold
+ * anything (e.g. another layer's kept bytes, as the CUDA backend overlaps them: a later layer's
+ * forward and backward run between this layer's). */
 int64_t kda_kda_cuda_keep_bytes(const kda_kda_args *a);
 
 /* Chunked forward. h0, ht may be NULL; dt_bias may be NULL; A_log needed by gate_mode 1. */
