@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""benches/sass_lines.py SASS.txt NCU.csv [N] — where one kernel's instructions come from, by
+"""benches/sass_lines.py SASS.txt NCU.csv [N] [FILE:L1,L2,...] — where one kernel's instructions come from, by
 source line. SASS.txt: `nvdisasm -g -c` of the cubin holding the kernel (its line-info comments
 name the source line of each instruction, the innermost inlined call site first); NCU.csv: ncu's
 per-instruction source page of one launch (`--page source --csv --print-source sass`), both
@@ -7,7 +7,10 @@ written by `benches/device_run.sh sass_map`. The profiled function is the disass
 opcodes match the page's row for row; each row's executed warp instructions and stall samples
 are then summed by source line (file:line of the innermost frame), with the share that is
 integer or address arithmetic (IMAD, IADD3, LEA, SHF, ISETP, LOP3, ...). Prints the N (40) lines
-with the most instructions, and the totals by file."""
+with the most instructions, and the totals by file. With FILE:L1,L2,...: also the totals by
+region of FILE (region i from line L(i) up to L(i+1), e.g. a kernel's phase markers; region 0
+before L1), each instruction counted in the region of the last FILE line seen before it in the
+SASS (helpers inlined from other files go to their caller's region)."""
 import collections, csv, lzma, re, sys
 
 INT_OPS = {"IMAD", "IADD3", "LEA", "SHF", "ISETP", "LOP3", "IABS", "IMNMX", "SEL", "PRMT", "SGXT", "BMSK",
@@ -85,6 +88,22 @@ def main():
         w = f"{where[0]}:{where[1]}" if where else "?"
         print(f"  {w:22s} {n:9.0f} {100 * n / tot_i:5.1f}% {100 * ii / max(n, 1):4.0f}% {100 * s / max(tot_s, 1):5.1f}%")
     print("by file: " + ", ".join(f"{k} {100 * v / tot_i:.1f}%" for k, v in files.most_common(8)))
+    if len(sys.argv) > 4:
+        fname, cuts = sys.argv[4].split(":")
+        cuts = [int(x) for x in cuts.split(",")]
+        reg, cur = collections.defaultdict(lambda: [0.0, 0.0, 0.0]), None
+        for r, (op, where) in zip(data, f):
+            if where and where[0] == fname:
+                cur = sum(1 for c in cuts if where[1] >= c)
+            n, s = num(r[ix["Instructions Executed"]]), num(r[S])
+            e = reg[cur]
+            e[0] += n
+            e[1] += s
+            e[2] += n if op in INT_OPS else 0
+        print(f"by region of {fname} (lines {sys.argv[4].split(':')[1]}):")
+        for k in sorted(reg, key=lambda x: -1 if x is None else x):
+            n, s, ii = reg[k]
+            print(f"  region {k}: insts {100 * n / tot_i:5.1f}%  stall {100 * s / max(tot_s, 1):5.1f}%  int {100 * ii / max(n, 1):4.0f}%")
 
 
 if __name__ == "__main__":
