@@ -490,8 +490,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   float *Kbt = PB ? sm : ks, *Vbt = PB ? sm + C * PKS : Vb;
   /* Kb = b k e^G (the backward keeps it); at K % 4 == 0 four columns a thread (float4 loads and
    * stores: an element at a time, its index arithmetic and 4-byte global store were ~8% of this
-   * kernel's instructions, ncu at (8,2048,16,128)). H200, with bV below: this phase 5.9k -> 2.9k
-   * cycles a block, k_intra_tc 43.8k -> 40.7k (2026-12-02s27d, with the strided staging) */
+   * kernel's instructions, ncu at (8,2048,16,128)). H200, with bV below and the strided staging:
+   * this phase 5.9k -> 2.9k cycles a block (2026-12-02s27d), k_intra_tc 962 -> 895 us (ncu,
+   * alone, s27e) */
   if (K % 4 == 0)
     for (int e = tid; e < C * (K16 / 4); e += BT) {
       int r = e / (K16 / 4), d = (e % (K16 / 4)) * 4;

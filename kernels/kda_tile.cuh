@@ -194,8 +194,9 @@ static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, in
     /* the same copies a thread as the loop below, a row step apart: no division a copy (that
      * loop's index arithmetic was ~70% of the staging's instructions, ncu 2026-12-02s27a). With
      * cp_tile_bf16's the same way, H200, one run: fwd+bwd (8,2048,16,128) 3.179-3.195 ->
-     * 3.111-3.114 ms with k_intra_tc's float4 Kb (2026-12-02s27d); k_bwd_final_tc's staging
-     * 16.6k -> 7.4k cycles a block (phase counters) */
+     * 3.111-3.114 ms with k_intra_tc's float4 Kb (2026-12-02s27d). Per kernel (ncu, each alone,
+     * s27e): k_bwd_final_tc 1295 -> 1271 us, mat and rows unchanged (their staging is waiting,
+     * not issuing); final's phase counters said 16.6k -> 7.4k cycles a block for its staging */
     if (BT % c4 == 0) {
       const int c = (threadIdx.x % c4) << 2, step = BT / c4;
       for (int r = threadIdx.x / c4; r < R; r += step) {
