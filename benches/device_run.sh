@@ -30,6 +30,7 @@
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
 #             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0);
 #             KTIMES="3 2": each kernel's duration (ncu, one kernel at a time) at those shapes, last entry
+#             (KTIMES_ALL=1: every entry; the log keeps the total and each kernel's median)
 #   ncu_source one kernel of the bundle's kda_bench (KDA_BIN=NAME: kda_NAME's) under ncu --set full (KERNEL regex, SHAPE
 #             0..3 as KDA_BENCH_SHAPE): its details page and its per-line CUDA source and SASS
 #             metrics as CSV (the KDA kernels are built with -lineinfo), and benches/ncu_sass_mix.py's
@@ -169,9 +170,10 @@ if [ "$MODE" = kda_multi ]; then
     last=$(echo $KDA_MULTI | awk '{print $NF}')
     for sh in ${PSHAPES:-0}; do echo "== $last phases, shape $sh (0: (8,2048,16,128))"
       env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"; done
-    for sh in ${KTIMES:-}; do echo "== kernel times, $last, shape $sh (ncu gpu__time_duration, warm launches, each kernel alone)"
-      env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 ncu --metrics gpu__time_duration.sum --launch-skip ${KSKIP:-60} \
-        --launch-count ${KCOUNT:-40} --csv "$(bin "$last")/kda_bench" 2>/dev/null | python3 benches/ncu_times.py; done
+    for e in $([ "${KTIMES_ALL:-0}" = 1 ] && echo $KDA_MULTI || echo $last); do for sh in ${KTIMES:-}; do
+      echo "== kernel times, $e, shape $sh (ncu gpu__time_duration, warm launches, each kernel alone)"
+      env $(envof "$e") KDA_BENCH_SHAPE=$sh timeout 90 ncu --metrics gpu__time_duration.sum --launch-skip ${KSKIP:-60} \
+        --launch-count ${KCOUNT:-40} --csv "$(bin "$e")/kda_bench" 2>/dev/null | python3 benches/ncu_times.py | tail -2; done; done
     for k in ${NCU:-}; do echo "== ncu $k, $last (shape ${SHAPE:-0})"   # each kernel's details + stall/opcode mix
       env $(envof "$last") KDA_BENCH_SHAPE=${SHAPE:-0} timeout 90 ncu --set full -k "regex:^$k" --launch-skip 2 --launch-count 1 \
         -f -o /tmp/ncu_$k "$(bin "$last")/kda_bench" > /dev/null 2>&1; echo "ncu rc=$?"
