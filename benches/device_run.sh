@@ -199,6 +199,7 @@ if [ "$MODE" = sass_map ]; then   # per-source-line instruction counts of kernel
   build_kda                      # every cubin's SASS with line info (nvdisasm -g) and ncu's per-instruction page a kernel
   mkdir -p /tmp/cubins && (cd /tmp/cubins && cuobjdump -xelf all "$KDA_HOME/build/kda_gpu/kda_bench" > /dev/null 2>&1)
   NVD=$(command -v nvdisasm || ls /usr/local/cuda*/bin/nvdisasm 2>/dev/null | head -1); echo "nvdisasm: $NVD"
+  [ -n "$NVD" ] || echo "sass_map: no nvdisasm on this machine (the CUDA toolkit's bin): kernels_sass.txt.xz will be empty"
   for c in /tmp/cubins/*.cubin; do "$NVD" -g -c "$c" 2>/dev/null; done | xz > "$OUT/kernels_sass.txt.xz"
   for k in ${KERNELS:?}; do
     KDA_BENCH_SHAPE=${SHAPE:-0} timeout 200 ncu --section SourceCounters --section WarpStateStats -k "regex:^$k" --launch-skip 3 \

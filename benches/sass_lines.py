@@ -57,7 +57,10 @@ def main():
     sass, page = sys.argv[1], sys.argv[2]
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 40
     rows = list(csv.reader(opened(page)))
-    h = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
+    h = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
+    if h is None:
+        sys.exit(f"sass_lines: {page} has no 'Source' and 'Instructions Executed' columns: write it with "
+                 "ncu -i REP --page source --csv --print-source sass from a report with the SourceCounters section")
     hdr = rows[h]
     ix = {k: i for i, k in enumerate(hdr)}
     data = [r for r in rows[h + 1:] if len(r) >= len(hdr)]
