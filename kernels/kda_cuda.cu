@@ -298,6 +298,8 @@ static kp make_kp(const kda_kda_args *a) {
   p.C = a->chunk, p.gate_mode = a->gate_mode, p.beta_mode = a->beta_mode, p.l2 = a->qk_l2norm;
   p.nseq = a->nseq, p.lb = a->lower_bound, p.cu = a->cu_seqlens;
   p.scale = a->scale != 0 ? a->scale : 1.f / sqrtf((float)a->K);
+  const char *fe = getenv("KDA_KDA_FULL");
+  p.full = !(fe && strcmp(fe, "0") == 0);
   return p;
 }
 
