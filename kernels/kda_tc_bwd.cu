@@ -541,9 +541,8 @@ size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X
   return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4 -
          (size_t)(C * (r16(K) + 4) + 16 * final_at_cols((int)C)) * 4;
 }
-/* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the chunk's row
- * count when fixed at compile time (a compiled shape's full chunk: its loops' trip counts and
- * row checks fold), else 0 (the count from the chunk table) */
+/* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the row count
+ * fixed at compile time (loops and row checks fold), or 0: the chunk table's */
 template <bool PR, bool CM, int KV, int NF>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
@@ -981,11 +980,9 @@ template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
-  /* A compiled shape's full chunk (kv_fix: C = 64) runs the body with n = 64 fixed: its loops'
-   * trip counts and row checks fold. H200, two rounds against main in one run (2026-12-02s28g):
-   * graph (32,512,4,64) 0.456-0.457 -> 0.453 ms, (8,512,4,64) 0.147 -> 0.145-0.146 (the compact
-   * K = 64 form: ptxas 8 / 4 bytes of spill -> none), the large shapes within the rounds' spread
-   * (fwd+bwd (8,2048,16,128) 3.090-3.106 -> 3.095-3.101; this kernel 1290 -> 1279 us) */
+  /* a compiled shape's full chunk (kv_fix: C = 64) with n = 64 fixed. H200, 2026-12-02s28g: graph
+   * (32,512,4,64) 0.456 -> 0.453 ms, (8,512,4,64) 0.147 -> 0.145 (the compact form's spill gone);
+   * the large shapes within the rounds' spread (this kernel 1290 -> 1279 us at (8,2048,16,128)) */
   if constexpr (KV != 0 && !PR)
     if (p.full && w.ctab[4 * blockIdx.x + 2] == 64) {
       bwd_final_tc<PR, CM, KV, 64>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
