@@ -816,8 +816,9 @@ static void *kda_kept_ws(const kda_exec_node *n, int64_t *bytes) {
  * backward scratch, which is only written once layer i+1's backward is done with them
  * (kda_kda_cuda_keep_bytes: what the forward writes past them it reads itself, before layer
  * i+1's forward; the backward writes its scratch before reading it). At K = V = 128 that is
- * ~40% less memory than a workspace a layer. Out of memory: keep is turned off for the run with a one-line notice (the backward
- * recomputes; nothing else changes) and the workspaces made so far are given back. */
+ * ~40% less memory than a workspace a layer. Out of memory: keep is turned off for the run
+ * with a one-line notice (the backward recomputes; nothing else changes) and the workspaces
+ * made so far are given back. */
 enum { MAX_PAIRS = 256 };
 static int keep_plan(const kda_exec_node *nodes, int n) {
   if (G.no_keep) return 0;
