@@ -47,8 +47,8 @@ static __device__ inline float block_sum(float v, float *red) {
 struct kp {
   int64_t B, T, H, HV, K, V;
   int C, gate_mode, beta_mode, l2, nseq;
-  int full;         /* k_bwd_final_tc: a compiled shape's full chunks run the body with the row
-                     * count fixed (KDA_KDA_FULL=0: never) */
+  int full;         /* the fast chunk kernels (intra, mat, final): a compiled shape's full chunks
+                     * run the body with the row count fixed (KDA_KDA_FULL=0: never) */
   float scale, lb;
   const int32_t *cu;
 };

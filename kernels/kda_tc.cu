@@ -224,14 +224,14 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-template <bool PR, bool CM, int KV>
+template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int cb,
                                                 int64_t h) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * cb;
-  int n = ct[2];
+  const int n = NF ? NF : ct[2];
   if (!n) return;
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
@@ -553,7 +553,16 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
 }
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri) {
-  intra_tc<PR, CM, KV>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
+  /* a compiled shape's full chunk with n = 64 fixed (here and in k_bwd_mat_tc, as in the final
+   * kernel). H200, one run, two rounds (2026-12-02s29b): fwd (8,2048,16,128) 0.906-0.915 ->
+   * 0.884-0.892 ms, fwd+bwd 3.098-3.116 -> 3.073-3.088, graph (32,512,4,64) 0.455 -> 0.450-0.451,
+   * (8,512,4,64) 0.146 -> 0.144 */
+  if constexpr (KV != 0 && !PR)
+    if (p.full && w.ctab[4 * blockIdx.x + 2] == 64) {
+      intra_tc<PR, CM, KV, 64>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
+      return;
+    }
+  intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
@@ -721,7 +730,7 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
     int64_t nc = (p.T + p.C - 1) / p.C;
     cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
   }
-  intra_tc<false, CM, KV>(p, v, w, vt, ri, (int)cb, h);
+  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, (int)cb, h);
   __syncthreads();                                 /* every thread's stores issued */
   flow_signal(w.flow + 1, (int)cb, h, HV);
 }

@@ -324,13 +324,13 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
          (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(V)) * 4;
 }
-template <bool PR, bool CM, int KV>
+template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's */
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
-  int n = ct[2];
+  const int n = NF ? NF : ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
@@ -484,7 +484,12 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
 /* compact: two blocks an SM (64 registers a thread at 512) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  bwd_mat_tc<PR, CM, KV>(p, v, dout, dv, w);
+  if constexpr (KV != 0 && !PR)                   /* a full chunk: n = 64 fixed (k_intra_tc's measure) */
+    if (p.full && w.ctab[4 * blockIdx.x + 2] == 64) {
+      bwd_mat_tc<PR, CM, KV, 64>(p, v, dout, dv, w);
+      return;
+    }
+  bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
 }
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
   static const mat_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_mat_tc, false, false), KV_SLOTS(k_bwd_mat_tc, false, true)},
