@@ -48,6 +48,13 @@ template <int KV, int NB> static __device__ __forceinline__ void kv_fix(kp &p) {
     }
   }
 }
+/* Whether chunk cb runs a chunk kernel's body with the row count fixed at 64 (NF = 64: its loops
+ * and row checks fold): a compiled shape's (KV != 0) fast form (!PR), a full chunk, unless
+ * KDA_KDA_FULL=0 (p.full). k_intra_tc, k_bwd_mat_tc and k_bwd_final_tc dispatch on it. */
+template <bool PR, int KV> static __device__ __forceinline__ bool full_chunk(const kp &p, const int *ctab, int cb) {
+  if constexpr (KV == 0 || PR) return false;
+  else return p.full && ctab[4 * cb + 2] == 64;
+}
 /* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
  * first (KV_SLOTS1: KV its only one) */
 #define KV_SLOTS(kern, ...) {kern<__VA_ARGS__, 0>, kern<__VA_ARGS__, 64>, kern<__VA_ARGS__, 128>}

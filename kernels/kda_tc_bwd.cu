@@ -484,12 +484,9 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
 /* compact: two blocks an SM (64 registers a thread at 512) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if constexpr (KV != 0 && !PR)                   /* a full chunk: n = 64 fixed (k_intra_tc's measure) */
-    if (p.full && w.ctab[4 * blockIdx.x + 2] == 64) {
-      bwd_mat_tc<PR, CM, KV, 64>(p, v, dout, dv, w);
-      return;
-    }
-  bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
+  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))  /* n = 64 fixed (k_intra_tc's measure) */
+    bwd_mat_tc<PR, CM, KV, KV && !PR ? 64 : 0>(p, v, dout, dv, w);
+  else bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
 }
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
   static const mat_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_mat_tc, false, false), KV_SLOTS(k_bwd_mat_tc, false, true)},
@@ -988,12 +985,9 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, co
   /* a compiled shape's full chunk (kv_fix: C = 64) with n = 64 fixed. H200, 2026-12-02s28g: graph
    * (32,512,4,64) 0.456 -> 0.453 ms, (8,512,4,64) 0.147 -> 0.145 (the compact form's spill gone);
    * the large shapes within the rounds' spread (this kernel 1290 -> 1279 us at (8,2048,16,128)) */
-  if constexpr (KV != 0 && !PR)
-    if (p.full && w.ctab[4 * blockIdx.x + 2] == 64) {
-      bwd_final_tc<PR, CM, KV, 64>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
-      return;
-    }
-  bwd_final_tc<PR, CM, KV, 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
+  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))
+    bwd_final_tc<PR, CM, KV, KV && !PR ? 64 : 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
+  else bwd_final_tc<PR, CM, KV, 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   static const final_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_final_tc, false, false), KV_SLOTS(k_bwd_final_tc, false, true)},
