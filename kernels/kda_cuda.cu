@@ -416,6 +416,7 @@ static void preload_kernels(int kv) {
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
+  if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_chunk_table);
@@ -502,6 +503,12 @@ static int use_compact(size_t wide, size_t compact) {
   const char *e = getenv("KDA_KDA_COMPACT");
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
+}
+/* The fast mat kernel in three staging rounds, two blocks an SM (kda_mat_halves.cu), at the
+ * compiled K = V = 128 (chunk 64); KDA_KDA_MATH=0 turns it off (read per call) */
+static int use_mat_halves(int prec, int kv) {
+  const char *e = getenv("KDA_KDA_MATH");
+  return !prec && kv == 128 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_tc_halves(64, 128, 128) <= smem_per_sm();
 }
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
@@ -829,8 +836,10 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
     auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv);
-    if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : "k_bwd_mat_tc")) return -1;
-    if (mcm && carveout_max((const void *)kmt, a, op)) return -1;
+    const int mh = use_mat_halves(prec, kv);
+    if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
+    if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc")) return -1;
+    if ((mcm || mh) && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
