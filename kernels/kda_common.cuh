@@ -233,6 +233,7 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
 #define KDA_PH_PHASES 12
 #ifdef KDA_PHASES   /* kda_phase_cyc: one per file that marks phases (kda_tc.cuh) */
 void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc_bwd.cu's, into c */
+void kda_phase_take_mat(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_mat_halves.cu's */
 #define PH_INIT(kid)                                                                        \
   long long ph_t_ = clock64();                                                              \
   const int ph_k_ = (kid);                                                                  \

@@ -140,3 +140,7 @@ __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_h(kp p, const void *v, co
   if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<64>(p, v, dv, w);
   else bwd_mat_h<0>(p, v, dv, w);
 }
+
+#ifdef KDA_PHASES
+void kda_phase_take_mat(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
+#endif
