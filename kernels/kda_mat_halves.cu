@@ -1,19 +1,17 @@
 /* kda_mat_halves.cu — the fast k_bwd_mat_tc's products at K = V = 128 in a layout that fits two
- * blocks an SM (k_bwd_mat_tc_h): dA = s tril(dO Vn^T), dM = strict-tril([dVn | dW] [bV | Kb]^T),
- * dv = b M^T dVn with dbeta's V term, dKb = M^T dW, X = dM M^T, dL = -strict-tril(M^T X).
+ * blocks an SM (k_bwd_mat_tc_h): dM = strict-tril([dVn | dW] [bV | Kb]^T), dv = b M^T dVn with
+ * dbeta's V term, dKb = M^T dW, X = dM M^T, dL = -strict-tril(M^T X). (dA is the rows kernel's.)
  *
  * Why: k_bwd_mat_tc stages every operand at once (~200 KB at K = V = 128) and so runs one block
  * an SM, whose staging waits and barrier-bound products nothing else on the SM overlaps (its
  * staging ~20% of its cycles). The rows kernel went from 30.2k to 16.7k cycles a block an SM
  * when its tiles fit two blocks (docs/kda.md, thirteenth pass). Here the operands come in three
  * rounds through one region R: (1) dVn and v (with M), for dM's V part and dv; (2) and (3) the
- * two 64-column halves of dW and Kb, for dM's K part and dKb's halves, with the two halves of
- * dO and Vn (bf16) for dA's sum over V, whose accumulators a warp holds across the two rounds;
- * X then takes R. The other block on the SM computes while a block waits for a round. 107.5 KB
- * at C = 64.
+ * two 64-column halves of dW and Kb, for dM's K part and dKb's halves; X then takes R. The
+ * other block on the SM computes while a block waits for a round. 105.5 KB at C = 64.
  *
  * Same operands (tf32-rounded where staged, as k_bwd_mat_tc's), the same products per output
- * element (dA's in the same k order: the same dA); dM's sum runs as three fp32 partial sums (V, K half 0, K half 1) added in that
+ * element; dM's sum runs as three fp32 partial sums (V, K half 0, K half 1) added in that
  * order instead of one MMA chain, so dM, dL and everything after differ from k_bwd_mat_tc's in
  * the last bits (test_kda_cuda's thresholds; deterministic). */
 #include "kda_tc.cuh"
@@ -23,15 +21,15 @@ constexpr int NPB_H = 2;                        /* k_bwd_mat_tc's pairing (NPB) 
 /* dbeta_WY's row partials [C][PS], PS odd: k_bwd_mat_tc's mat_ps */
 static __host__ __device__ int mh_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V) {
-  int64_t CS = C + 4, VS = r16(V) + 4, VB = r16(V) + 8, KHS = MH_KH + 4, HB = MH_KH + 8;
-  int64_t r1 = C * VS * 4 + C * VB * 2, r2 = 2 * C * KHS * 4 + 2 * C * HB * 2, r4 = C * CS * 4;
+  int64_t CS = C + 4, VS = r16(V) + 4, VB = r16(V) + 8, KHS = MH_KH + 4;
+  int64_t r1 = C * VS * 4 + C * VB * 2, r2 = 2 * C * KHS * 4, r4 = C * CS * 4;
   int64_t R = r1 > r2 ? r1 : r2;
   R = R > r4 ? R : r4;
   return (size_t)((3 * C * CS + C + C * mh_ps(V)) * 4 + R);
 }
 
 template <int NF>
-static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, const void *dout, void *dv, ws w) {
+static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -39,10 +37,9 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, const void
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   const int C = p.C, V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KHS = MH_KH + 4, PS = mh_ps(V);
-  const int HB = MH_KH + 8;                         /* the bf16 half tiles' pitch (ldmatrix conflict-free) */
   float *Ms = sm, *MsT = Ms + C * CS, *dM = MsT + C * CS, *bs = dM + C * CS, *part = bs + C, *R = part + C * PS;
   float *dVs = R, *X = R, *dWh = R, *Kbh = R + C * KHS;   /* R's rounds: dVn + v, dW + Kb halves, X */
-  sbf *Vr = (sbf *)(dVs + C * VS), *dOh = (sbf *)(Kbh + C * KHS), *Vnh = dOh + C * HB;
+  sbf *Vr = (sbf *)(dVs + C * VS);
   auto round_tile = [&](float *t, int count) {    /* tf32-round count floats in place (count % 4 == 0) */
     float4 *q4 = (float4 *)t;
     for (int e = threadIdx.x; e < count / 4; e += BT) {
@@ -90,19 +87,13 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, const void
                 });
   PH(2);
   /* rounds 2, 3: dW, Kb columns [64 hf, 64 hf + 64): dM += dW Kb^T (the last one masks and
-   * rounds dM), dKb's columns = M^T dW; dO, Vn columns of the same range: dA's accumulators
-   * (warp w: the 16 x 16 tile w of the C x C product, as warp_tiles16 hands it) */
-  const int wp = threadIdx.x >> 5, ai0[1] = {(wp >> 2) << 4}, aj0 = (wp & 3) << 4;
-  static_assert(NTC == 512, "a warp a tile of dA (C = 64: 16 tiles)");
-  float cA[1][2][4] = {};
+   * rounds dM), dKb's columns = M^T dW */
 #pragma unroll 1
   for (int hf = 0; hf < 2; hf++) {
     const int d0 = MH_KH * hf;
     __syncthreads();                               /* R's previous round read */
     cp_tile_f32(dWh, KHS, C, MH_KH, n, MH_KH, true, [&](int i) { return w.dW + ROWI(i) * K + d0; });
     cp_tile_f32(Kbh, KHS, C, MH_KH, n, MH_KH, true, [&](int i) { return w.Kb + ROWI(i) * K + d0; });
-    cp_tile_bf16(dOh, HB, C, MH_KH, n, V, (const sbf *)dout + d0, t0, HV, h);   /* V = K here */
-    cp_tile_bf16(Vnh, HB, C, MH_KH, n, V, (const sbf *)w.vn + d0, t0, HV, h);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -123,19 +114,6 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, const void
                   pairs2([&](int j, int d, float x0, float x1) {
                     if (j < n) st2f(w.dKb + ROWI(j) * K + d0 + d, x0, x1, true);
                   }));
-    ldm_acc<1, 2>(ai0, aj0, bt{dOh, HB, 1}, bt{Vnh, HB, 1}, MH_KH, bt{}, bt{}, 0, cA);
-  }
-  {                                                /* dA = s tril(dO Vn^T) (bf16), the warp's tile */
-    const int g = (threadIdx.x & 31) >> 2, t2 = 2 * (threadIdx.x & 3);
-    auto da_out = [&](int i, int j, float x0, float x1) {
-      auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-      if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
-    };
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      da_out(ai0[0] + g, aj0 + 8 * hf + t2, cA[0][hf][0], cA[0][hf][1]);
-      da_out(ai0[0] + g + 8, aj0 + 8 * hf + t2, cA[0][hf][2], cA[0][hf][3]);
-    }
   }
   __syncthreads();                                 /* dM complete; R free */
   PH(5);
@@ -159,8 +137,8 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, const void
 }
 /* a full chunk with n = 64 fixed, as k_bwd_mat_tc's */
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<64>(p, v, dout, dv, w);
-  else bwd_mat_h<0>(p, v, dout, dv, w);
+  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<64>(p, v, dv, w);
+  else bwd_mat_h<0>(p, v, dv, w);
 }
 
 #ifdef KDA_PHASES

@@ -200,6 +200,14 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     __syncthreads();
     PH(3);
     mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
+    /* dA = s tril(dO Vn^T) (bf16), the fast mat kernel's before: both operands are staged here
+     * already (the same bf16 tiles, the same k order: the same dA), and the mat kernel then
+     * stages neither */
+    auto da_out = [&](int i, int j, float x0, float x1) {
+      auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
+      if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
+    };
+    mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{Vn, VB, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
   } else {
     float *R1 = sm, *R2 = R1 + K16 * VS;
     sbf *dO = (sbf *)(R2 + C * VS);
@@ -344,15 +352,16 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   const int PS = mat_ps(V);
   if (CM) X = Kb, MsT = dM;                        /* Kb is dead once dM is formed, dM once X is */
   PH_INIT(4);
-  /* staging, all asynchronous: Vn (fp32 for the precise variant; the fast one's is the state
-   * pass's bf16 copy, its MMA operand as it is: the same RN rounding, staged at VnF's in-place
-   * bf16 pitch), Kb = b k e^G as the backward's k_intra_tc wrote it, raw bf16 dO and v. It used
-   * to convert vn and form Kb (three loads per element) with batched loads, ~50% of the
-   * kernel's time at K = V = 128. Two groups: dA's operands (Vn, dO) first, so that dA runs
-   * while the rest (M, dVn, dW, Kb, v) arrives. */
-  if constexpr (PR) cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
-  else cp_tile_bf16((sbf *)VnF, 2 * VS, C, V16, n, V, w.vn, t0, HV, h);
-  cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  /* staging, all asynchronous: Kb = b k e^G as the backward's k_intra_tc wrote it, raw bf16 v
+   * and, for the precise variant's dA, fp32 Vn and bf16 dO. It used to convert vn and form Kb
+   * (three loads per element) with batched loads, ~50% of the kernel's time at K = V = 128.
+   * Two groups: the precise dA's operands (Vn, dO) first, so that dA runs while the rest (M,
+   * dVn, dW, Kb, v) arrives. The fast variant's dA is the rows kernel's, which stages the
+   * same bf16 dO and Vn for its own products. */
+  if constexpr (PR) {   /* the fast variant's dA is the rows kernel's (it stages dO, Vn) */
+    cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
+    cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+  }
   cp_async_commit();
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
@@ -361,21 +370,21 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
   cp_async_commit();
-  cp_async_wait_group<1>();                        /* Vn, dO (the rest may fly) */
-  __syncthreads();
+  if constexpr (PR) {
+    cp_async_wait_group<1>();                      /* Vn, dO (the rest may fly) */
+    __syncthreads();
+  }
   PH(0);
-  /* dA = s tril(dO Vn^T) (bf16; the precise backward: dO exact in tf32, Vn split) */
   /* every epilogue below stores a thread's two adjacent outputs at once (pairs2; the rows'
    * pitches C, CS, K16 are even; V, K may be odd: st2f then stores one by one) */
-  auto da_out = [&](int i, int j, float x0, float x1) {
-    auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-    if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
-  };
-  if constexpr (PR)
+  if constexpr (PR) {   /* dA = s tril(dO Vn^T): dO exact in tf32, Vn split */
+    auto da_out = [&](int i, int j, float x0, float x1) {
+      auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
+      if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
+    };
     mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                        [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
-  else
-    mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{(const sbf *)VnF, 2 * VS, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
+  }
   cp_async_wait_all();
   __syncthreads();                                 /* the rest landed; every warp done with VnF before dM overwrites it */
   /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
