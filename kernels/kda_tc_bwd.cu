@@ -604,11 +604,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     cp_tile_bf16(qb, QB, C, K16, n, K, q, t0, p.H, hq);
     cp_tile_bf16(kb, QB, C, K16, n, K, k, t0, p.H, hq);
     if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
-    /* the rows kernel's dQ (dO S0^T) into the dG tile, which nothing reads or writes before the
-     * diagonal phase: that phase's thread for (row, column) reads it there and then writes dG
-     * at the same place. It was read from global memory in that phase, 8 loads a thread in
-     * flight (its latency most of the phase's 12.3k cycles a block, 2026-12-02s30b) */
-    cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
     /* pad rows repeat the last G: exponents <= 0 */
     cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
@@ -701,11 +696,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           col[j] += (a * qi + 0.f) * E;
       }
     }
-    /* EB elements' loads in flight (dQ's, staged; the compact form's dKb from global memory;
-     * the stores, which might alias, end a group): 8 in the compiled wide forms (2 round trips
-     * a thread instead of 4; no spills), 4 in the compact and run-time ones (at 8 their 128
-     * registers a thread spill). With X's pitch below, H200, (8,2048,16,128): this phase 15.3k
-     * -> 13.7k cycles a block when dQ was read from global memory (benches/results/2026-12-03b,e) */
+    /* EB elements' global loads in flight (their stores, which might alias, end a group): 8 in
+     * the compiled wide forms (2 round trips a thread instead of 4; no spills), 4 in the compact
+     * and run-time ones (at 8 their 128 registers a thread spill). With X's pitch below, H200,
+     * (8,2048,16,128): this phase 15.3k -> 13.7k cycles a block (benches/results/2026-12-03b,e) */
     constexpr int EB = CM || !KV ? 4 : 8;
 #pragma unroll
     for (int i0 = 0; i0 < 16; i0 += EB) {
@@ -714,7 +708,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       for (int u = 0; u < EB; u++)
         if (I0 + i0 + u < n) {
           int gi = (I0 + i0 + u) * RS + d;
-          dq0[u] = dGs[(I0 + i0 + u) * KS + d];   /* staged (above) */
+          dq0[u] = dQg[gi];
           if (!KBS) dkb[u] = dKbg[gi];
         }
 #pragma unroll
