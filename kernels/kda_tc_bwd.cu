@@ -507,8 +507,8 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
  * smem fp32: G [C][KS]; X [C+32][K16+8] (factored operands; [KS] compact); dA, dL [C][CS]; b, dbi [C];
  * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
  * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads);
- * rq, rk [C] and the raw bf16 q, k [C][K16+8]; the wide layout also dKb [C][KS] (R' below)
- * and the column terms' A tiles [16][final_at_cols(C)].
+ * rq, rk [C] and the raw bf16 q, k [C][K16+8]; the wide layout also dKb [C][KS] (R' below);
+ * the column terms' A tiles [16][final_at_cols(C)] (the fast kernels).
  * q, k raw: the l2-normalised rows are q rq, k rk (ws.rn), formed where read, the products
  * k_intra_tc formed, so the same values as the fp32 qn, kn tiles staged until 2026-12-02 in
  * half the room; that room holds dKb, which the diagonal phase, the row products and the R
@@ -545,12 +545,11 @@ size_t smem_final_tc(int64_t C, int64_t K) {   /* the wide layout: X's rows of r
 }
 /* The compact layout (CM) for small heads: dA (lower triangle and diagonal) and dL (strictly
  * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries fill
- * columns C-i .. C-1 exactly); dKb stays in global memory and the column terms' A is read from
- * dA's tile (mma_blk4). K = 64, chunk 64: 98.2 KB (114.0 with fp32 q, k) instead of 141.2, two
- * blocks an SM at 256 threads (128 registers). */
-size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb, A tiles; X's rows of KS */
-  return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4 -
-         (size_t)(C * (r16(K) + 4) + 16 * final_at_cols((int)C)) * 4;
+ * columns C-i .. C-1 exactly); dKb stays in global memory. K = 64, chunk 64: 104.7 KB (98.2
+ * without the column terms' A tiles, when those read dA's tile by mma_blk4) instead of 141.2,
+ * two blocks an SM at 256 threads (128 registers). */
+size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb tiles; X's rows of KS */
+  return smem_final_tc(C, K) - (size_t)C * (C + 4) * 4 - (size_t)(C + 32) * 4 * 4 - (size_t)C * (r16(K) + 4) * 4;
 }
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the row count
  * fixed at compile time (loops and row checks fold), or 0: the chunk table's */
@@ -746,10 +745,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * in place once the diagonal blocks have read them at fp32) and the products take them by
    * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
    * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
-   * keep mma_blk4. The column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit
-   * values) is staged per group into At (final_at_cols). */
-  constexpr bool LDM = !PR && !CM;
+   * keep mma_blk4 in the row terms. The column terms' A (dA, dL transposed: ldmatrix cannot
+   * transpose 32-bit values) is staged per group into At (final_at_cols), in both layouts (LDC;
+   * the compact one rounds it there, its dA, dL tile staying fp32) */
+  constexpr bool LDM = !PR && !CM, LDC = !PR;
   auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
+  auto rnd4c = [](float4 v) { return LDC ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
   const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
   auto xo = [](int I) { return 8 * I * (I - 1); };
   for (int I = 1; I < nI; I++) {
@@ -831,17 +832,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
                  qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
           float b = bs[i];
           float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
-          x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
-          x1 = rnd4(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
+          x0 = rnd4c(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+          x1 = rnd4c(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
         }
         *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
       }
-      if (LDM)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+      if (LDC)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
         for (int e = tid; e < 32 * m16; e += BT) {
           int k = e >> 4, jj = e & 15, j = 16 * J + jj;
           float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
                             : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
-          At[aoff + jj * (2 * m16 + 4) + k] = a;   /* dA, dL already tf32 (LDM) */
+          At[aoff + jj * (2 * m16 + 4) + k] = LDM ? a : tf32r(a);   /* LDM: dA, dL already tf32 */
         }
     }
     __syncthreads();
@@ -878,7 +879,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           }
         return pf;
       };
-      if (LDM) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
+      if (LDC) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
       else
         mma_blk4<PT>(16, K16, 2 * m16,
                      [&](int jj, int k) {
