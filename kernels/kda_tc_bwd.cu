@@ -358,7 +358,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
    * Two groups: the precise dA's operands (Vn, dO) first, so that dA runs while the rest (M,
    * dVn, dW, Kb, v) arrives. The fast variant's dA is the rows kernel's, which stages the
    * same bf16 dO and Vn for its own products. */
-  if constexpr (PR) {   /* the fast variant's dA is the rows kernel's (it stages dO, Vn) */
+  if constexpr (PR) {
     cp_tile_f32(VnF, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.vn + ROWI(i) * V; });
     cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
   }
