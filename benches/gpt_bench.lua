@@ -17,8 +17,8 @@ end
 local sizes = { S = { d = 256, layers = 8, heads = 4 }, M = { d = 768, layers = 12, heads = 12 },
                 L = { d = 2048, layers = 20, heads = 16 } }
 if not sizes[opt.size] then error(("gpt_bench: size=%s: one of S, M, L"):format(tostring(opt.size)), 0) end
-if opt.first ~= 1 and (type(opt.steps) ~= "number" or opt.steps < 60) then   -- steps 40..50 timed alone, 51.. pipelined
-  error(("gpt_bench: steps=%s: give at least 60 (steps 40-50 are timed one by one, the mean of 51.. is the figure)")
+if opt.first ~= 1 and (type(opt.steps) ~= "number" or opt.steps < 52) then   -- steps 40..50 timed alone, 51.. pipelined
+  error(("gpt_bench: steps=%s: give at least 52 (steps 40-50 are timed one by one, the mean of 51.. is the figure)")
         :format(tostring(opt.steps)), 0)
 end
 local train = require "kda.train"
