@@ -841,7 +841,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc")) return -1;
     if ((mcm || mh) && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
-    LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
+    if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
+    else LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
     if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);

@@ -22,15 +22,12 @@
 #include "kda_tc.cuh"
 
 constexpr int MH_KH = 64;                       /* K columns a round (K = 128: two rounds) */
-constexpr int NPB_H = 2;                        /* k_bwd_mat_tc's pairing (NPB) */
-/* dbeta_WY's row partials [C][PS], PS odd: k_bwd_mat_tc's mat_ps */
-static __host__ __device__ int mh_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V) {
   int64_t CS = C + 4, VS = r16(V) + 4, VB = r16(V) + 8, KHS = MH_KH + 4;
   int64_t r1 = C * VS * 4 + C * VB * 2, r2 = 2 * C * KHS * 4, r4 = C * CS * 4;
   int64_t R = r1 > r2 ? r1 : r2;
   R = R > r4 ? R : r4;
-  return (size_t)((3 * C * CS + C + C * mh_ps(V)) * 4 + R);
+  return (size_t)((3 * C * CS + C + C * mat_ps(V)) * 4 + R);
 }
 
 template <int NF>
@@ -41,17 +38,10 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
   const int n = NF ? NF : ct[2];
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
-  const int C = p.C, V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KHS = MH_KH + 4, PS = mh_ps(V);
+  const int C = p.C, V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KHS = MH_KH + 4, PS = mat_ps(V);
   float *Ms = sm, *MsT = Ms + C * CS, *dM = MsT + C * CS, *bs = dM + C * CS, *part = bs + C, *R = part + C * PS;
   float *dVs = R, *X = R, *dWh = R, *Kbh = R + C * KHS;   /* R's rounds: dVn + v, dW + Kb halves, X */
   sbf *Vr = (sbf *)(dVs + C * VS);
-  auto round_tile = [&](float *t, int count) {    /* tf32-round count floats in place (count % 4 == 0) */
-    float4 *q4 = (float4 *)t;
-    for (int e = threadIdx.x; e < count / 4; e += BT) {
-      float4 x = q4[e];
-      q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
-    }
-  };
   PH_INIT(4);
   /* round 1: M, dVn, raw v, b */
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
@@ -67,28 +57,23 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
     float x = tf32r(Ms[i * CS + j]);
     Ms[i * CS + j] = x, MsT[j * CS + i] = x;
   }
-  round_tile(dVs, C * VS);
+  tf32r_tile(dVs, C * VS);
   __syncthreads();
   PH(1);
   /* dM's V part, unrounded fp32: the K halves add to it (each warp owns the same tile in the
    * three products: warp_tiles16 at the same M, N) */
-  mma_tf<NPB_H>(C, C, V16, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); },
+  mma_tf<NPB>(C, C, V16, tft{dVs, VS}, [&](int k, int j) { return tf32r(bs[j] * f(Vr[j * VB + k])); },
                 pairs2([&](int i, int j, float x0, float x1) { *(float2 *)(dM + i * CS + j) = make_float2(x0, x1); }));
   /* dv = b (M^T dVn) (tf32) and dbeta's V term (M^T dVn)_j . v_j: a thread's two columns of
    * rows j and j + 8, then its tile row's four lanes (fixed shuffle tree), into part[j][c / 8] */
   auto dv_out = [&](int j, int c, float x0, float x1) {
     if (j < n) st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, true);
   };
-  auto part4 = [&](int j, int slot, float s0, float s1) {
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if ((threadIdx.x & 3) == 0) part[j * PS + slot] = s0, part[(j + 8) * PS + slot] = s1;
-  };
-  mma_tf<NPB_H>(C, V16, C, tft{MsT, CS}, [&](int i, int c) { return dVs[i * VS + c]; },
+  mma_tf<NPB>(C, V16, C, tft{MsT, CS}, [&](int i, int c) { return dVs[i * VS + c]; },
                 [&](int j, int c, float x0, float x1, float x2, float x3) {
                   dv_out(j, c, x0, x1), dv_out(j + 8, c, x2, x3);
-                  part4(j, c >> 3, x0 * f(Vr[j * VB + c]) + x1 * f(Vr[j * VB + c + 1]),
-                        x2 * f(Vr[(j + 8) * VB + c]) + x3 * f(Vr[(j + 8) * VB + c + 1]));
+                  mat_part4(part, PS, j, c >> 3, x0 * f(Vr[j * VB + c]) + x1 * f(Vr[j * VB + c + 1]),
+                            x2 * f(Vr[(j + 8) * VB + c]) + x3 * f(Vr[(j + 8) * VB + c + 1]));
                 });
   PH(2);
   /* rounds 2, 3: dW, Kb columns [64 hf, 64 hf + 64): dM += dW Kb^T (the last one masks and
@@ -102,11 +87,11 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    round_tile(dWh, 2 * C * KHS);                  /* dWh, Kbh: one contiguous region */
+    tf32r_tile(dWh, 2 * C * KHS);                  /* dWh, Kbh: one contiguous region */
     __syncthreads();
     PH(3 + hf);
     const bool last = hf == 1;
-    mma_tf<NPB_H>(C, C, MH_KH, tft{dWh, KHS}, tft{Kbh, KHS},
+    mma_tf<NPB>(C, C, MH_KH, tft{dWh, KHS}, tft{Kbh, KHS},
                   pairs2([&](int i, int j, float x0, float x1) {
                     float2 s = *(const float2 *)(dM + i * CS + j);
                     float y0 = s.x + x0, y1 = s.y + x1;
@@ -115,7 +100,7 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
                     }
                     *(float2 *)(dM + i * CS + j) = make_float2(y0, y1);
                   }));
-    mma_tf<NPB_H>(C, MH_KH, C, tft{MsT, CS}, [&](int i, int d) { return dWh[i * KHS + d]; },
+    mma_tf<NPB>(C, MH_KH, C, tft{MsT, CS}, [&](int i, int d) { return dWh[i * KHS + d]; },
                   pairs2([&](int j, int d, float x0, float x1) {
                     if (j < n) st2f(w.dKb + ROWI(j) * K + d0 + d, x0, x1, true);
                   }));
@@ -123,26 +108,22 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
   __syncthreads();                                 /* dM complete; R free */
   PH(5);
   /* X = dM M^T (tf32: the dL chain stays close to fp32), then dL = -strict-tril(M^T X) */
-  mma_tf<NPB_H>(C, C, C, tft{dM, CS}, tft{Ms, CS},
+  mma_tf<NPB>(C, C, C, tft{dM, CS}, tft{Ms, CS},
                 pairs2([&](int i, int j, float x0, float x1) {
                   *(float2 *)(X + i * CS + j) = make_float2(tf32r(x0), tf32r(x1));
                 }));
   __syncthreads();
   PH(6);
-  mma_tf<NPB_H>(C, C, C, tft{MsT, CS}, [&](int m, int j) { return X[m * CS + j]; },
+  mma_tf<NPB>(C, C, C, tft{MsT, CS}, [&](int m, int j) { return X[m * CS + j]; },
                 pairs2([&](int i, int j, float x0, float x1) {
                   if (i < n) st2f(w.dL + ROWI(i) * C + j, j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
                 }));
-  for (int j = threadIdx.x; j < n; j += BT) {      /* dbeta_WY: the row's partials in order */
-    float acc = 0;
-    for (int s2 = 0; s2 < PS - 1; s2++) acc += part[j * PS + s2];
-    w.db[ROWI(j)] = acc;
-  }
+  mat_db_rows(part, PS, n, w.db + ROWI(0), HV);   /* dbeta_WY */
   PH(7);
 }
 /* a full chunk with n = 64 fixed, as k_bwd_mat_tc's */
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<64>(p, v, dv, w);
+  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<FULL_NF<false, 128>>(p, v, dv, w);
   else bwd_mat_h<0>(p, v, dv, w);
 }
 

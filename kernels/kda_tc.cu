@@ -557,7 +557,8 @@ __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int
    * kernel). H200, one run, two rounds (2026-12-02s29b): fwd (8,2048,16,128) 0.906-0.915 ->
    * 0.884-0.892 ms, fwd+bwd 3.098-3.116 -> 3.073-3.088, graph (32,512,4,64) 0.455 -> 0.450-0.451,
    * (8,512,4,64) 0.146 -> 0.144 */
-  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x)) intra_tc<PR, CM, KV, KV && !PR ? 64 : 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
+  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))
+    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
   else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {

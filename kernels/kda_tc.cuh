@@ -48,11 +48,13 @@ template <int KV, int NB> static __device__ __forceinline__ void kv_fix(kp &p) {
     }
   }
 }
-/* Whether chunk cb runs a chunk kernel's body with the row count fixed at 64 (NF = 64: its loops
- * and row checks fold): a compiled shape's (KV != 0) fast form (!PR), a full chunk, unless
- * KDA_KDA_FULL=0 (p.full). k_intra_tc, k_bwd_mat_tc and k_bwd_final_tc dispatch on it. */
+/* Whether chunk cb runs a chunk kernel's body with the row count fixed at FULL_NF<PR, KV> = 64
+ * (its loops and row checks fold): a compiled shape's (KV != 0) fast form (!PR), a full chunk,
+ * unless KDA_KDA_FULL=0 (p.full). k_intra_tc, k_bwd_mat_tc(_h) and k_bwd_final_tc dispatch on it;
+ * the other forms never take it, and FULL_NF = 0 keeps them from instantiating a second body. */
+template <bool PR, int KV> constexpr int FULL_NF = KV != 0 && !PR ? 64 : 0;
 template <bool PR, int KV> static __device__ __forceinline__ bool full_chunk(const kp &p, const int *ctab, int cb) {
-  if constexpr (KV == 0 || PR) return false;
+  if constexpr (FULL_NF<PR, KV> == 0) return false;
   else return p.full && ctab[4 * cb + 2] == 64;
 }
 /* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
@@ -60,6 +62,33 @@ template <bool PR, int KV> static __device__ __forceinline__ bool full_chunk(con
 #define KV_SLOTS(kern, ...) {kern<__VA_ARGS__, 0>, kern<__VA_ARGS__, 64>, kern<__VA_ARGS__, 128>}
 #define KV_SLOTS1(kern) {kern<0>, kern<64>, kern<128>}
 static inline int kv_slot(int kv) { return kv == 128 ? 2 : kv == 64 ? 1 : 0; }
+
+/* The mat kernels' (k_bwd_mat_tc, k_bwd_mat_tc_h) shared pieces. Their fast products take a
+ * warp's two column-sharing tiles together (warp_tiles16's NPM = 2: interleaved MMA chains, one
+ * B fragment for both; k_bwd_rows_tc at K = 128 46 -> 63 registers, still two blocks of 512 an
+ * SM). H200, one run, three rounds (2026-12-01s23b): fwd+bwd (8,2048,16,128) 3.629-3.656 ->
+ * 3.575-3.600 ms, (1,8192,16,128) 2.299-2.311 -> 2.288-2.295, the small shapes equal, the
+ * precise backward 9.05 -> 9.00. Applied to every product (wip/pair) it lost in k_intra_tc and
+ * at (1,8192,16,128) */
+constexpr int NPB = 2;
+/* dbeta_WY's row partials [C][PS], one a row and 8 columns of the dv product, PS odd */
+static __host__ __device__ __forceinline__ int mat_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
+/* a thread's two dv-epilogue terms of rows j and j + 8 (columns slot 8 ..), summed over its tile
+ * row's four lanes (a fixed shuffle tree) into part[j][slot], part[j + 8][slot] */
+static __device__ __forceinline__ void mat_part4(float *part, int PS, int j, int slot, float s0, float s1) {
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+  s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+  if ((threadIdx.x & 3) == 0) part[j * PS + slot] = s0, part[(j + 8) * PS + slot] = s1;
+}
+/* dbeta_WY of rows j < n: each row's partials added in order, into db0[j HV] (the chunk's rows
+ * of the [T, HV] dbeta scratch); after a barrier that follows every mat_part4 */
+static __device__ __forceinline__ void mat_db_rows(const float *part, int PS, int n, float *db0, int64_t HV) {
+  for (int j = threadIdx.x; j < n; j += BT) {
+    float acc = 0;
+    for (int s2 = 0; s2 < PS - 1; s2++) acc += part[j * PS + s2];
+    db0[j * HV] = acc;
+  }
+}
 
 /* BT (kda_tile.cuh) is the block's threads: NTC for the chunk kernels and the backward state
  * passes, NT for the forward state pass (the helpers serve both) */

@@ -11,13 +11,7 @@
 #include "kda_state.cuh"
 
 /* ---- v2 backward, chunk-parallel ----------------------------------------------------------- */
-/* The rows and mat kernels' fast products take a warp's two column-sharing tiles together
- * (warp_tiles16's NPM = 2: interleaved MMA chains, one B fragment for both; k_bwd_rows_tc at
- * K = 128 46 -> 63 registers, still two blocks of 512 an SM). H200, one run, three rounds
- * (2026-12-01s23b): fwd+bwd (8,2048,16,128) 3.629-3.656 -> 3.575-3.600 ms, (1,8192,16,128)
- * 2.299-2.311 -> 2.288-2.295, the small shapes equal, the precise backward 9.05 -> 9.00.
- * Applied to every product (wip/pair) it lost in k_intra_tc and at (1,8192,16,128) */
-constexpr int NPB = 2;
+/* The rows and mat kernels' fast products pair a warp's tiles (NPB, kda_tc.cuh) */
 /* The contractions over V: dQ = dO S0^T, dKi = Vn dSe^T, dW = -dVn S0^T (k_bwd_final_tc applies
  * dQ's s e^G and dKi's e^{Gn-G}: it stages G anyway, and without G this kernel's tiles fit two
  * blocks an SM at K = V = 128), and dgn = rowsum_V(S0 . dSe). Staging is all cp.async, in the
@@ -314,8 +308,6 @@ bwd_flow_fn k_bwd_flow_pick(int kv) {
  *      [C][CS] (the fast variant's); dbeta's partials [C][V16 / 8 + 1] (209.5 KB in all at
  *      C = 64, K = V = 128).
  * The precise backward (k_bwd_mat_tc_p): every product in P_3TF32, dA in P_3TF32A (dO exact). */
-/* dbeta_WY's row partials [C][PS]: one a row and 8 columns of the dv product, PS odd */
-static __host__ __device__ int mat_ps(int64_t V) { return (int)(r16(V) / 8 + 1); }
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V) {   /* one layout for both variants */
   int64_t u = 2 * C * (C + 4) > C * (r16(V) + 4) ? 2 * C * (C + 4) : C * (r16(V) + 4);
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
@@ -400,11 +392,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
     }
     /* dVn, dW, Kb are contiguous [C][VS], [C][KS], [C][KS] tiles: round them whole (pads
      * are zero), four floats at a time */
-    float4 *q4 = (float4 *)dVs;
-    for (int e = threadIdx.x; e < (C * VS + 2 * C * KS) / 4; e += BT) {
-      float4 x = q4[e];
-      q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
-    }
+    tf32r_tile(dVs, C * VS + 2 * C * KS);
     __syncthreads();
   }
   PH(1);
@@ -456,11 +444,6 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
    * (2026-12-02s25c): this kernel 39.0k -> 31.4k cycles a block, final's unchanged (57.4k);
    * fwd+bwd 3.48-3.50 -> 3.34-3.37 ms, (1,8192,16,128) 2.21-2.25 -> 2.14-2.17. Summing both
    * terms here in the two epilogues instead (the dKb one loading kn, G) gained nothing (s25b). */
-  auto part4 = [&](int j, int slot, float s0, float s1) {
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-    s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-    if ((threadIdx.x & 3) == 0) part[j * PS + slot] = s0, part[(j + 8) * PS + slot] = s1;
-  };
   /* dv = b (M^T dVn) (tf32); a thread's two adjacent outputs in one store (V may be odd) */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
   auto dv_out = [&](int j, int c, float x0, float x1) {
@@ -468,8 +451,8 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   };
   auto dv_e4 = [&](int j, int c, float x0, float x1, float x2, float x3) {   /* v's pads are zero */
     dv_out(j, c, x0, x1), dv_out(j + 8, c, x2, x3);
-    part4(j, c >> 3, x0 * f(Vr[j * VB + c]) + x1 * f(Vr[j * VB + c + 1]),
-          x2 * f(Vr[(j + 8) * VB + c]) + x3 * f(Vr[(j + 8) * VB + c + 1]));
+    mat_part4(part, PS, j, c >> 3, x0 * f(Vr[j * VB + c]) + x1 * f(Vr[j * VB + c + 1]),
+              x2 * f(Vr[(j + 8) * VB + c]) + x3 * f(Vr[(j + 8) * VB + c + 1]));
   };
   if constexpr (PR) mma_blk4<PT>(C, V16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dvb, dv_e4);
   else mma_tf<NPB>(C, V16, C, tft{MsT, CS}, dvb, dv_e4);
@@ -483,18 +466,14 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   else mma_tf<NPB>(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
   __syncthreads();                                 /* every partial written */
   PH(6);
-  for (int j = threadIdx.x; j < n; j += BT) {      /* dbeta_WY: the row's partials in order */
-    float acc = 0;
-    for (int s2 = 0; s2 < PS - 1; s2++) acc += part[j * PS + s2];
-    w.db[ROWI(j)] = acc;
-  }
+  mat_db_rows(part, PS, n, w.db + ROWI(0), HV);   /* dbeta_WY */
   PH(7);
 }
 /* compact: two blocks an SM (64 registers a thread at 512) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))  /* n = 64 fixed (k_intra_tc's measure) */
-    bwd_mat_tc<PR, CM, KV, KV && !PR ? 64 : 0>(p, v, dout, dv, w);
+    bwd_mat_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, dout, dv, w);
   else bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
 }
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
@@ -999,7 +978,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, co
    * (32,512,4,64) 0.456 -> 0.453 ms, (8,512,4,64) 0.147 -> 0.145 (the compact form's spill gone);
    * the large shapes within the rounds' spread (this kernel 1290 -> 1279 us at (8,2048,16,128)) */
   if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))
-    bwd_final_tc<PR, CM, KV, KV && !PR ? 64 : 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
+    bwd_final_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
   else bwd_final_tc<PR, CM, KV, 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
 }
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
