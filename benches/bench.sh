@@ -40,8 +40,8 @@ grep -E "^\| attention" "$OUT/ops_bench.log" | while read -r line; do row "kda a
 if [ "${KDA_KERNELS:-1}" != 0 ]; then   # KDA_KERNELS=0 leaves out the KDA kernels' build, test and bench (~4 min)
   OUT=$OUT timeout 900 sh benches/kda_gpu.sh > "$OUT/kda_gpu.log" 2>&1; echo "kda_gpu.sh rc=$?"
   grep -E "passed, " "$OUT/kda_test.log" | tail -1
-  while read -r shape mode first med graph tf gb mt; do
-    case "$shape" in \(*) row "kda KDA $mode $shape bf16 (benches/kda_bench.cu)" "median" "$med ms (graph $graph ms; first call $first ms); $tf TFLOP/s";; esac
+  while read -r shape mode first med graph tf gb mt wall fx; do
+    case "$shape" in \(*) row "kda KDA $mode $shape bf16 (benches/kda_bench.cu)" "median" "$med ms (graph $graph ms; first call $first ms, ${fx}x a warm call's $wall ms wall-clock); $tf TFLOP/s";; esac
   done < "$OUT/kda_bench.log"
   grep -E "^\(" "$OUT/kda_attn_peer.log" 2>/dev/null | head -8 | while read -r line; do row "PyTorch attention peer (benches/peers/kda_attn_peer.py)" "median" "$line"; done
 fi

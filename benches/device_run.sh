@@ -164,7 +164,7 @@ if [ "$MODE" = kda_multi ]; then
       echo "racecheck $n '$c' rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
       grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
-      echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\("; done; done
+      echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\(|^# first call"; done; done
     for e in ${PRECISE:-$KDA_MULTI}; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
     for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
       env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done

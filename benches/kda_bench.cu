@@ -1,7 +1,8 @@
 /* kda_bench.cu — time the CUDA KDA forward and forward+backward (kernels/kda_cuda.cu).
  * Shapes (B,T,H,D) with H = HV, K = V = D, bf16, pre-gated g = logsigmoid(randn), beta =
  * sigmoid(randn), q/k l2norm in kernel, chunk 64. For each shape: first-call time, then the
- * median of warm reps (cudaEvents), and inside a CUDA graph for the small shapes
+ * median of warm reps (cudaEvents, and host wall-clock for the first call's ratio first_x), and
+ * inside a CUDA graph for the small shapes
  * (the fresh buffers written once before the first call, as the backend does; KDA_BENCH_TOUCH=0 not).
  * FLOP counts: KDA.md §8 "executed" formulas; bytes: the fused-ideal I/O (read q,k,v,g,beta,
  * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
@@ -65,8 +66,12 @@ static int run(const kda_kda_args *a0, bufs &x, int bwd, cudaStream_t st) {
 
 static double median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
-/* median ms of reps; graph = 1 replays a captured graph of one call */
-static double time_it(const kda_kda_args *a, bufs &x, int bwd, int graph, int reps, cudaStream_t st) {
+/* Warm timings of reps calls (after 3 unmeasured): med the median by cudaEvents (GPU time of one
+ * call), wall the median host wall-clock of one call to its stream's end (kda_now, the clock the
+ * first call is timed with, so first_x = first / wall compares like with like), host the median
+ * time the host spends launching it. graph = 1 replays a captured graph of one call. */
+struct timing { double med, wall, host; };
+static timing time_it(const kda_kda_args *a, bufs &x, int bwd, int graph, int reps, cudaStream_t st) {
   cudaGraphExec_t ge = nullptr;
   if (graph) {
     cudaGraph_t gr;
@@ -78,20 +83,23 @@ static double time_it(const kda_kda_args *a, bufs &x, int bwd, int graph, int re
   }
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
+  std::vector<float> ms, wall, host;
   for (int r = 0; r < reps + 3; r++) {
+    double t0 = kda_now();
     CK(cudaEventRecord(e0, st));
     if (graph) CK(cudaGraphLaunch(ge, st));
     else KOK(run(a, x, bwd, st));
     CK(cudaEventRecord(e1, st));
+    double t1 = kda_now();
     CK(cudaEventSynchronize(e1));
+    double t2 = kda_now();
     float t;
     CK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 3) ms.push_back(t);
+    if (r >= 3) ms.push_back(t), wall.push_back((float)((t2 - t0) * 1e3)), host.push_back((float)((t1 - t0) * 1e3));
   }
   if (ge) CK(cudaGraphExecDestroy(ge));
   CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
-  return median(ms);
+  return {median(ms), median(wall), median(host)};
 }
 
 int main() {
@@ -103,8 +111,10 @@ int main() {
   printf("# kda_bench on %s; bf16, pre-gated g = logsigmoid(randn), l2norm in kernel, chunk 64; path: %s\n",
          pr.name, simple && *simple && simple[0] != '0' ? "version 1 (KDA_KDA_SIMPLE=1)" : "version 2 (tensor cores)");
   printf("# FLOPs: KDA.md §8 executed counts; bytes: fused-ideal I/O\n");
-  printf("%-22s %-7s %9s %9s %9s %9s %9s %9s\n", "shape (B,T,H,D)", "mode", "first_ms", "med_ms",
-         "graph_ms", "TFLOP/s", "GB/s", "Mtok/s");
+  printf("# first_ms: the shape's first call, host wall-clock to its end; wall_ms: a warm call's, the\n"
+         "# same clock (median); first_x = first_ms / wall_ms; med_ms, graph_ms: warm GPU time (cudaEvents)\n");
+  printf("%-22s %-7s %9s %9s %9s %9s %9s %9s %9s %7s\n", "shape (B,T,H,D)", "mode", "first_ms", "med_ms",
+         "graph_ms", "TFLOP/s", "GB/s", "Mtok/s", "wall_ms", "first_x");
   int64_t shapes[][4] = {{8, 2048, 16, 128}, {1, 8192, 16, 128}, {32, 512, 4, 64}, {8, 512, 4, 64}};
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
@@ -144,19 +154,29 @@ int main() {
     int small = T * B <= 16384;
     for (int bwd = only && *only ? 1 : 0; bwd < 2; bwd++) {   /* one shape: fwd+bwd only */
       CK(cudaDeviceSynchronize());
+      cudaEvent_t f0, f1;
+      CK(cudaEventCreate(&f0)); CK(cudaEventCreate(&f1));
       double t0 = kda_now();
+      CK(cudaEventRecord(f0, st));
       KOK(run(&a, x, bwd, st));
+      CK(cudaEventRecord(f1, st));
+      double launched = (kda_now() - t0) * 1e3;
       CK(cudaStreamSynchronize(st));
       double first = (kda_now() - t0) * 1e3;
+      float first_ev;
+      CK(cudaEventElapsedTime(&first_ev, f0, f1));
+      CK(cudaEventDestroy(f0)); CK(cudaEventDestroy(f1));
       int reps = tokh * D > 1e8 ? 10 : 30;
-      double med = time_it(&a, x, bwd, 0, reps, st);
-      double gms = small ? time_it(&a, x, bwd, 1, reps, st) : NAN;
+      timing w = time_it(&a, x, bwd, 0, reps, st);
+      double med = w.med, gms = small ? time_it(&a, x, bwd, 1, reps, st).med : NAN;
       double best = small && gms < med ? gms : med;
       double fl = tokh * (ffwd + (bwd ? fbwd : 0)), by = tokh * (bwd ? byb : byf);
       char nm[64];
       snprintf(nm, sizeof nm, "(%lld,%lld,%lld,%lld)", (long long)B, (long long)T, (long long)H, (long long)D);
-      printf("%-22s %-7s %9.3f %9.3f %9.3f %9.2f %9.1f %9.2f\n", nm, bwd ? "fwd+bwd" : "fwd", first, med,
-             gms, fl / best * 1e-9, by / best * 1e-6, B * T / best * 1e-3);
+      printf("%-22s %-7s %9.3f %9.3f %9.3f %9.2f %9.1f %9.2f %9.3f %7.2f\n", nm, bwd ? "fwd+bwd" : "fwd", first,
+             med, gms, fl / best * 1e-9, by / best * 1e-6, B * T / best * 1e-3, w.wall, first / w.wall);
+      printf("# first call %s %s: launched in %.3f ms (host; warm calls %.3f), %.3f ms by cudaEvents\n", nm,
+             bwd ? "fwd+bwd" : "fwd", launched, w.host, first_ev);
       fflush(stdout);
     }
     {
