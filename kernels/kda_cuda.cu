@@ -315,60 +315,22 @@ static kp make_kp(const kda_kda_args *a) {
   } while (0)
 #define LAUNCH_OK(what, op) CUDA_OK(cudaGetLastError(), op ": launch " what)
 
-/* What a kernel's attributes were last set to on a device, so that a call sets them only when
- * they change: cudaFuncSetAttribute costs a few µs of host time a call even when it sets what is
- * already there, and a launch-bound small call (the forward at (8,512,4,64), ~0.05 ms on the
- * H200) pays it once per kernel. Keyed by (function, device); one thread drives a device here
- * (the backend is one process a GPU). Measured on the H200 with preload_kernels setting each
- * kernel's limit (benches/results/2026-12-02s31b, 3 rounds against the per-call form): the first
- * fwd at (32,512,4,64) 1.24-1.36x -> 1.18-1.20x a warm call (same clock), the large shapes'
- * 1.05-1.06 -> 1.03-1.06; warm calls unchanged. */
-struct fn_attrs { const void *fn; int dev, smem, carveout; };
-static fn_attrs attr_tab[256];
-static fn_attrs *attrs_of(const void *fn, int dev) {
-  unsigned h = (unsigned)(((uintptr_t)fn >> 4) * 2654435761u + (unsigned)dev * 40503u) & 255u;
-  for (int i = 0; i < 256; i++, h = (h + 1) & 255u) {
-    fn_attrs *e = &attr_tab[h];
-    if (e->fn == fn && e->dev == dev) return e;
-    if (!e->fn) { *e = {fn, dev, 0, 0}; return e; }
-  }
-  return nullptr;   /* full (never with this file's ~120 kernels): set every call */
-}
-static int optin_limit(int dev) {   /* cudaDevAttrMaxSharedMemoryPerBlockOptin, cached per device */
-  static int lim[64];
-  if (dev >= 0 && dev < 64 && lim[dev]) return lim[dev];
-  int l = 0;
-  if (cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return -1;
-  if (dev >= 0 && dev < 64) lim[dev] = l;
-  return l;
-}
-
 /* opt in to > 48 KB of dynamic shared memory, checking the device limit */
 static int smem_opt_in(const void *fn, size_t bytes, const kda_kda_args *a, const char *op,
                        const char *kname) {
   int dev, lim;
   CUDA_OK(cudaGetDevice(&dev), op);
-  if ((lim = optin_limit(dev)) < 0)
-    return kda_set_error("%s: cannot read device %d's shared-memory limit: %s", op, dev,
-                         cudaGetErrorString(cudaGetLastError()));
+  CUDA_OK(cudaDeviceGetAttribute(&lim, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op);
   if ((int64_t)bytes > lim)
     return kda_set_error("%s: kernel %s needs %zu bytes of shared memory, the device allows %d "
                          SHAPE_FMT ": use chunk 32 or K <= 128", op, kname, bytes, lim, SHAPE_ARGS(a));
-  fn_attrs *e = attrs_of(fn, dev);
-  if (e && e->smem >= (int)bytes) return 0;
   CUDA_OK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
-  if (e) e->smem = (int)bytes;
   return 0;
 }
 
 /* two blocks an SM (a compact layout) need the largest shared-memory carveout */
 static int carveout_max(const void *fn, const kda_kda_args *a, const char *op) {
-  int dev;
-  CUDA_OK(cudaGetDevice(&dev), op);
-  fn_attrs *e = attrs_of(fn, dev);
-  if (e && e->carveout) return 0;
   CUDA_OK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), op);
-  if (e) e->carveout = 1;
   return 0;
 }
 
@@ -437,23 +399,12 @@ static int chunk_threads(const kda_kda_args *a, const char *name, int dflt) {
  * bench's setup), so the kernels load there. cudaFuncGetAttributes loads a function; without
  * a device it fails, and the error it leaves is cleared. */
 static void preload_kernels(int kv) {
-  static bool done[64][3];
-  int s = kv == 128 ? 2 : kv == 64 ? 1 : 0, dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) { (void)cudaGetLastError(); return; }
-  if (done[dev][s]) return;
-  done[dev][s] = true;
-  int lim = optin_limit(dev);
+  static bool done[3];
+  int s = kv == 128 ? 2 : kv == 64 ? 1 : 0;
+  if (done[s]) return;
+  done[s] = true;
   cudaFuncAttributes fa;
-  /* load, and raise the dynamic shared-memory limit to what the kernel can take (the opt-in
-   * limit less its static shared memory) so that smem_opt_in finds it set: the first call
-   * then sets no attribute */
-  auto ld = [&](const void *f) {
-    if (cudaFuncGetAttributes(&fa, f) != cudaSuccess || lim <= 0) return;
-    int most = lim - (int)fa.sharedSizeBytes;
-    fn_attrs *e = attrs_of(f, dev);
-    if (e && most > e->smem && cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, most) == cudaSuccess)
-      e->smem = most;
-  };
+  auto ld = [&](const void *f) { (void)cudaFuncGetAttributes(&fa, f); };
   for (int pr = 0; pr < 2; pr++) {
     for (int cm = 0; cm < 2; cm++)
       ld((const void *)k_intra_tc_pick(pr, cm, kv)), ld((const void *)k_bwd_mat_tc_pick(pr, cm, kv)),
