@@ -222,6 +222,7 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * ddt_bias, cancelling sums of dg, keep the reference's accuracy (kda_tc.cu, "precise
  * backward"); the host picks it when those gradients are asked for (kda_cuda.cu). */
 #define BVT 32                      /* V columns per version-2 state-pass block */
+#define BVN 16                      /* the _db passes' when they run alone on a small grid (kda_cuda.cu state_bv) */
 #define BVW 64                      /* the wide state passes' (kda_state_wide.cu) */
 #define NTW 256                     /* their threads */
 /* Phase timers (profiling builds only: -DKDA_PHASES, benches/kda_gpu.sh's kda_bench_phases).
@@ -263,9 +264,9 @@ extern "C" void kda_phase_report(const char *title);   /* prints and resets; no-
 size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V);
-size_t smem_state_tc(int64_t C, int64_t K, int prec);
-size_t smem_state_tc_db(int64_t C, int64_t K);
-size_t smem_state_bwd_tc_db(int64_t C, int64_t K);
+size_t smem_state_tc(int64_t C, int64_t K, int prec, int bv = BVT);
+size_t smem_state_tc_db(int64_t C, int64_t K, int bv = BVT);
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv = BVT);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn, int dvf);
@@ -288,16 +289,16 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
-/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
- * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
- * with two tile sets */
+/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB; ST_DBN
+ * at BVN columns a block) and precise-kept (ST_PRECISE) kernels; the backward's (pr: precise);
+ * the kept fast reverse sweep with two tile sets (bv: BVT or BVN columns a block) */
 typedef void (*state_fwd_fn)(kp, ws, const float *, void *, float *);
 typedef void (*state_bwd_fn)(kp, ws, const float *, const void *, const float *, float *, int);
 typedef void (*state_bwd_db_fn)(kp, ws, const void *, const float *, float *);
-enum { ST_FAST, ST_DB, ST_PRECISE };
+enum { ST_FAST, ST_DB, ST_PRECISE, ST_DBN };
 state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
 state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
-state_bwd_db_fn k_state_bwd_tc_db_pick(int kv);
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv, int bv = BVT);
 /* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): after the first `lead`
  * blocks to start the next ns run the state pass, the rest the intra chunks, which flag each
  * chunk when written */

@@ -411,8 +411,8 @@ static void preload_kernels(int kv) {
           ld((const void *)k_bwd_final_tc_pick(pr, cm, kv));
     ld((const void *)k_bwd_rows_tc_pick(pr, kv)), ld((const void *)k_state_bwd_tc_pick(pr, kv));
   }
-  for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
-  ld((const void *)k_state_bwd_tc_db_pick(kv));
+  for (int f : {ST_FAST, ST_DB, ST_PRECISE, ST_DBN}) ld((const void *)k_state_fwd_tc_pick(f, kv));
+  ld((const void *)k_state_bwd_tc_db_pick(kv)), ld((const void *)k_state_bwd_tc_db_pick(kv, BVN));
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
@@ -518,6 +518,24 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
   if (e && strcmp(e, "0") == 0) return 0;
   int nsm = sm_count();
   return nsm && (int64_t)state_grid(a).x <= nsm && db <= (size_t)smem_optin_limit();
+}
+/* The second-tile-set passes when they run alone (no flow kernel) at BVN = 16 V columns a
+ * block instead of BVT = 32, where twice the blocks still fit one wave of a block an SM: a
+ * pass's time is then one block's chain of chunk steps, and half the columns shorten each
+ * step's products, epilogues and stores (the chunk tiles it stages are the same). Measured on
+ * the H200 with every state pass at 16 columns (wip/bvt16 against main, one run, two rounds,
+ * 2026-12-03s32c): (8,512,4,64) k_state_fwd_tc_db 30.4 -> 27.7 us, k_state_bwd_tc_db 27.4 ->
+ * 24.3 (ncu), fwd+bwd in a graph 0.144 / 0.143 -> 0.140 / 0.140 ms; beside the flow kernel
+ * ((1,8192,16,128): fwd+bwd 1.946 / 1.933 -> 2.021 / 2.029) the doubled state grid took SMs
+ * from the chunk blocks, hence the rule. KDA_KDA_STATE_BV=16 / =32 forces either wherever a
+ * _db pass runs alone (read per call: test_kda_cuda compares the two bit for bit). db16: the
+ * forward's or the backward's _db bytes at 16 columns. */
+static int state_bv(const kda_kda_args *a, size_t db16) {
+  const char *e = getenv("KDA_KDA_STATE_BV");
+  if (e && strcmp(e, "32") == 0) return BVT;
+  if (e && strcmp(e, "16") == 0) return BVN;
+  int nsm = sm_count();
+  return nsm && (int64_t)state_grid(a, BVN).x <= nsm && db16 <= (size_t)smem_optin_limit() ? BVN : BVT;
 }
 /* The flow kernels (k_fwd_flow: intra + the forward state pass; k_bwd_flow: the kept reverse
  * sweep + the rows kernel), where a state pass's second-tile-set grid holds at most half the
@@ -710,9 +728,11 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     }
     if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
     if (use_state_db(a, smd)) {
-      auto kern = k_state_fwd_tc_pick(ST_DB, kv);
-      if (smem_opt_in((const void *)kern, smd, a, op, "k_state_fwd_tc_db")) return -1;
-      kern<<<state_grid(a), chunk_threads(a, "state_fwd", NTC), smd, st>>>(p, w, h0, o, ht);
+      int bv = state_bv(a, smem_state_tc_db(a->chunk, a->K, BVN));
+      size_t smb = smem_state_tc_db(a->chunk, a->K, bv);
+      auto kern = k_state_fwd_tc_pick(bv == BVN ? ST_DBN : ST_DB, kv);
+      if (smem_opt_in((const void *)kern, smb, a, op, "k_state_fwd_tc_db")) return -1;
+      kern<<<state_grid(a, bv), chunk_threads(a, "state_fwd", NTC), smb, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");
       return 0;
     }
@@ -803,9 +823,11 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, lay, ns, nz, w.flow + 1 + NTu * a->HV);
       LAUNCH_OK("k_bwd_flow", "kda_kda_cuda_backward");
     } else if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
-      auto kdb = k_state_bwd_tc_db_pick(kv);
-      if (smem_opt_in((const void *)kdb, smd, a, op, "k_state_bwd_tc_db")) return -1;
-      kdb<<<state_grid(a), chunk_threads(a, "state_bwd", NTC), smd, st>>>(p, w, dout, dht, dh0);
+      int bv = state_bv(a, smem_state_bwd_tc_db(a->chunk, a->K, BVN));
+      size_t smb = smem_state_bwd_tc_db(a->chunk, a->K, bv);
+      auto kdb = k_state_bwd_tc_db_pick(kv, bv);
+      if (smem_opt_in((const void *)kdb, smb, a, op, "k_state_bwd_tc_db")) return -1;
+      kdb<<<state_grid(a, bv), chunk_threads(a, "state_bwd", NTC), smb, st>>>(p, w, dout, dht, dh0);
     } else {
       auto kst = k_state_bwd_tc_pick(prec, kv);
       if (smem_opt_in((const void *)kst, sm, a, op, prec ? "k_state_bwd_tc_p" : "k_state_bwd_tc")) return -1;

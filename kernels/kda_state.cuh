@@ -14,16 +14,16 @@ template <class T> struct st_tiles {
   float *S, *Vn, *dV, *en;
   sbf *Sb, *Vb;   /* bf16 layout only: shadows of S and of Vn (forward sweeps) / -dVn (reverse) */
   int KB, CB, SB, DB, K16;
-  int bv;         /* V columns a block: BVT, or BVW in the wide passes (kda_state_wide.cu) */
+  int bv;         /* V columns a block: BVT (BVN in the lone _db passes), or BVW in the wide passes */
 };
 /* The bf16 layout (the fast passes, ldmatrix operands) keeps bf16 shadows of the fp32 S and
  * Vn written by the epilogues that form them (the same RN rounding the MMA operands had), and
  * no fp32 dVn: [W qg kg][C][KB], A [C][CB], Sb [K16][DB], Vb [C][DB], dO [C][DB] (bf16),
  * S [K16][SB], Vn [C][SB], en [K16] (fp32). The fp32 layout (the precise backward) as before. */
-template <class T> static __device__ st_tiles<T> st_carve(const kp &p, float *sm, bool dO = true) {
+template <class T, int NV = BVT> static __device__ st_tiles<T> st_carve(const kp &p, float *sm, bool dO = true) {
   st_tiles<T> t;
-  t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = BVT + 4,
-  t.DB = BVT + 8, t.bv = BVT;
+  t.K16 = r16(p.K), t.KB = t.K16 + 16 / (int)sizeof(T), t.CB = p.C + 16 / (int)sizeof(T), t.SB = NV + 4,
+  t.DB = NV + 8, t.bv = NV;
   T *b = (T *)sm;
   t.W = b, t.qg = b + p.C * t.KB, t.kg = t.qg + p.C * t.KB, t.A = t.kg + p.C * t.KB;
   if constexpr (std::is_same<T, sbf>::value) {
@@ -113,10 +113,12 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
       }
   }
 }
-template <class T>
+/* NV: the block's V columns (t.bv) as a compile-time constant (BVT, or BVN in the lone _db
+ * passes), in these helpers and the products below: their loops fold as with BVT before */
+template <int NV = BVT, class T>
 static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_t c0, const st_tiles<T> &t) {
-  for (int e = threadIdx.x; e < t.K16 * BVT; e += BT) {
-    int d = e / BVT, c = e % BVT;
+  for (int e = threadIdx.x; e < t.K16 * NV; e += BT) {
+    int d = e / NV, c = e % NV;
     float x = src && d < p.K && c0 + c < p.V ? src[base + d * p.V + c0 + c] : 0.f;
     t.S[d * t.SB + c] = x;
     if (t.Sb) t.Sb[d * t.DB + c] = __float2bfloat16(x);
@@ -124,17 +126,17 @@ static __device__ void st_ld(const kp &p, const float *src, int64_t base, int64_
 }
 /* dst <- S (rows d < K, columns c0 + c < V); 16-byte stores when V % 4 == 0 (every row start
  * is then 16-byte aligned, and a group of 4 columns is all in or all out) */
-template <class T>
+template <int NV = BVT, class T>
 static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
   if (p.V % 4 == 0) {
-    for (int e = threadIdx.x; e < p.K * (BVT / 4); e += BT) {
-      int d = e / (BVT / 4), c = (e % (BVT / 4)) * 4;
+    for (int e = threadIdx.x; e < p.K * (NV / 4); e += BT) {
+      int d = e / (NV / 4), c = (e % (NV / 4)) * 4;
       if (c0 + c < p.V) *(float4 *)(dst + base + d * p.V + c0 + c) = *(const float4 *)(t.S + d * t.SB + c);
     }
     return;
   }
-  for (int e = threadIdx.x; e < p.K * BVT; e += BT) {
-    int d = e / BVT, c = e % BVT;
+  for (int e = threadIdx.x; e < p.K * NV; e += BT) {
+    int d = e / NV, c = e % NV;
     if (c0 + c < p.V) dst[base + d * p.V + c0 + c] = t.S[d * t.SB + c];
   }
 }
@@ -212,14 +214,14 @@ static __device__ __forceinline__ auto st_vn_epi(const kp &p, const st_tiles<sbf
 /* Vn = U - W S  (U staged into t.Vn, zero past m and V); vn != NULL also stores it. The bf16
  * layout keeps only the shadow of Vn (its one use after this is as a bf16 operand) and stores
  * that, in bf16 (as st_keep: the backward reads Vn only as a bf16 operand). */
-template <int P, class T>
+template <int P, int NV = BVT, class T>
 static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, int m, int64_t h,
                                 int64_t c0, float *vn) {
   if constexpr (std::is_same<T, sbf>::value) {
-    mma_ldm(p.C, t.bv, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0, pairs2(st_vn_epi(p, t, t0, m, h, c0, vn)));
+    mma_ldm(p.C, NV, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0, pairs2(st_vn_epi(p, t, t0, m, h, c0, vn)));
     return;
   }
-  mma_blk<P>(p.C, BVT, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
+  mma_blk<P>(p.C, NV, t.K16, [&](int i, int d) { return f(t.W[i * t.KB + d]); },
              [&](int d, int c) { return t.S[d * t.SB + c]; },
              [&](int i, int c, float x) {
                float u = t.Vn[i * t.SB + c] - x;
@@ -228,14 +230,14 @@ static __device__ void st_vn_tc(const kp &p, const st_tiles<T> &t, int64_t t0, i
              });
 }
 /* S <- e^{G_last} S + kg^T Vn */
-template <int P, class T>
+template <int P, int NV = BVT, class T>
 static __device__ void st_upd_tc(const kp &p, const st_tiles<T> &t) {
   if constexpr (std::is_same<T, sbf>::value) {
-    mma_ldm(t.K16, BVT, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
+    mma_ldm(t.K16, NV, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0,
             pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     return;
   }
-  mma_blk<P>(t.K16, BVT, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
+  mma_blk<P>(t.K16, NV, p.C, [&](int d, int i) { return f(t.kg[i * t.KB + d]); },
              [&](int i, int c) { return t.Vn[i * t.SB + c]; },
              [&](int d, int c, float x) { t.S[d * t.SB + c] = t.en[d] * t.S[d * t.SB + c] + x; });
 }
@@ -358,18 +360,18 @@ static __device__ __forceinline__ void flow_wait(const ws &w, int ci, int64_t h,
  * chunk ci - 1's whole set is staged at the top of step ci. Same products in the same order as
  * k_state_bwd_tc's reverse sweep. With k_state_fwd_tc_db, fwd+bwd on the H200 (against
  * KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 3.813 -> 3.665 ms, (8,512,4,64) 0.260 -> 0.253. */
-template <int KV>
+template <int KV, int NV = BVT>
 static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout, const float *dht, float *dh0,
                                                     int64_t blk, int *fb) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, KV == 64 ? NTC : 0>(p);   /* K = 128: 128 registers and spills when fixed */
-  const st_blk b = st_block(p, w, blk);
+  const st_blk b = st_block(p, w, blk, NV);
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm), t1s = st_carve_db(p, t0s, false);
+  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm), t1s = st_carve_db(p, t0s, false);
   PH_INIT(2);
-  st_ld(p, dht, b.sbase, c0, t0s);                 /* t.S now holds dS (§4.2) */
+  st_ld<NV>(p, dht, b.sbase, c0, t0s);             /* t.S now holds dS (§4.2) */
   constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, dout, ALL);
   cp_async_commit();
@@ -387,13 +389,13 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     __syncthreads();
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
-    mma_ldm(p.C, BVT, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
+    mma_ldm(p.C, NV, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */
     PH(4);
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
-    mma_ldm(t.K16, BVT, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
+    mma_ldm(t.K16, NV, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     PH(5);
   };
@@ -403,6 +405,6 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
   }
   __syncthreads();
   if (cf < cl) flow_signal(fb, cf, h, HV);
-  if (dh0) st_st(p, dh0, b.sbase, c0, t0s);
+  if (dh0) st_st<NV>(p, dh0, b.sbase, c0, t0s);
 }
 #endif

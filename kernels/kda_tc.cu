@@ -572,8 +572,8 @@ intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
  * k_intra_tc_p wrote them in fp32); fp32 S [K16][SB], Vn/U [C][SB]; bf16 dO [C][DB]; fp32
  * dVn [C][SB], en [K16]. Rows of T tiles are padded by 16 bytes; every region starts on a
  * 16-byte boundary (cp.async targets). */
-size_t smem_state_tc(int64_t C, int64_t K, int prec) {
-  int64_t es = prec ? 4 : 2, KB = r16(K) + 16 / es, CB = C + 16 / es, SB = BVT + 4, DB = BVT + 8;
+size_t smem_state_tc(int64_t C, int64_t K, int prec, int bv) {
+  int64_t es = prec ? 4 : 2, KB = r16(K) + 16 / es, CB = C + 16 / es, SB = bv + 4, DB = bv + 8;
   if (!prec)   /* bf16 tiles + bf16 shadows Sb [K16][DB], Vb [C][DB]; no fp32 dVn (see st_carve) */
     return (size_t)((3 * C * KB + C * CB) * 2 + (r16(K) + 2 * C) * DB * 2) + (size_t)(r16(K) * SB + C * SB + r16(K)) * 4;
   return (size_t)((3 * C * KB + C * CB) * es + C * DB * 2) + (size_t)(r16(K) * SB + 2 * C * SB + r16(K)) * 4;
@@ -639,22 +639,22 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
  * products in the same order: the same bytes as k_state_fwd_tc. Measured on the H200 (fwd,
  * against KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 1.295 -> 1.228 ms, (8,512,4,64)
  * 0.088 -> 0.084. */
-size_t smem_state_tc_db(int64_t C, int64_t K) {   /* without the first set's dO tile (st_carve) */
-  int64_t KB = r16(K) + 8, CB = C + 8, SB = BVT + 4, DB = BVT + 8;
-  return smem_state_tc(C, K, 0) - (size_t)C * DB * 2 + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
+size_t smem_state_tc_db(int64_t C, int64_t K, int bv) {   /* without the first set's dO tile (st_carve) */
+  int64_t KB = r16(K) + 8, CB = C + 8, SB = bv + 4, DB = bv + 8;
+  return smem_state_tc(C, K, 0, bv) - (size_t)C * DB * 2 + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
 }
-template <int KV>
+template <int KV, int NV = BVT>
 static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0, void *o, float *ht, int64_t blk,
                                                     bool flow) {
   extern __shared__ __align__(16) float sm[];
   kv_fix<KV, NTC>(p);
-  const st_blk b = st_block(p, w, blk);
+  const st_blk b = st_block(p, w, blk, NV);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf>(p, sm, false), t1s = st_carve_db(p, t0s, true);
+  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm, false), t1s = st_carve_db(p, t0s, true);
   PH_INIT(1);
-  st_ld(p, h0, b.sbase, c0, t0s);
+  st_ld<NV>(p, h0, b.sbase, c0, t0s);
   constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
   if (cf < cl) flow_wait(w, cf, h, HV, flow);
   __syncthreads();
@@ -675,17 +675,17 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci + 1's may fly) */
     __syncthreads();
     PH(0);
-    st_vn_tc<P_BF16>(p, t, t0, m, h, c0, w.vn);
+    st_vn_tc<P_BF16, NV>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();
     PH(1);
-    mma_ldm(p.C, BVT, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
+    mma_ldm(p.C, NV, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
               if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
             }));
     st_en_store(p, t, gl);
     __syncthreads();                               /* o done with Sb before the update writes it */
     PH(2);
-    st_upd_tc<P_BF16>(p, t);
+    st_upd_tc<P_BF16, NV>(p, t);
     PH(3);
   };
   for (int ci = cf; ci < cl; ci += 2) {
@@ -693,11 +693,11 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     if (ci + 1 < cl) step(t1s, t0s, ci + 1);
   }
   __syncthreads();
-  if (ht) st_st(p, ht, b.sbase, c0, t0s);
+  if (ht) st_st<NV>(p, ht, b.sbase, c0, t0s);
 }
-template <int KV>
+template <int KV, int NV = BVT>
 __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
-  state_fwd_db<KV>(p, w, h0, o, ht, blockIdx.x, false);
+  state_fwd_db<KV, NV>(p, w, h0, o, ht, blockIdx.x, false);
 }
 
 /* The forward's two kernels as one grid, for the grids k_state_fwd_tc_db serves (a block an
@@ -883,9 +883,10 @@ __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float 
   if (ht) st_st(p, ht, b.sbase, b.c0, t);
 }
 
-/* the forward state pass's kernel by form (ST_FAST, ST_DB, ST_PRECISE) and kv (kv_spec) */
+/* the forward state pass's kernel by form (ST_FAST, ST_DB, ST_PRECISE, ST_DBN) and kv (kv_spec) */
 state_fwd_fn k_state_fwd_tc_pick(int form, int kv) {
-  static const state_fwd_fn t[3][3] = {KV_SLOTS1(k_state_fwd_tc), KV_SLOTS1(k_state_fwd_tc_db), KV_SLOTS1(k_state_fwd_tc_p)};
+  static const state_fwd_fn t[4][3] = {KV_SLOTS1(k_state_fwd_tc), KV_SLOTS1(k_state_fwd_tc_db), KV_SLOTS1(k_state_fwd_tc_p),
+                                       {k_state_fwd_tc_db<0, BVN>, k_state_fwd_tc_db<64, BVN>, k_state_fwd_tc_db<128, BVN>}};
   return t[form][kv_slot(kv)];
 }
 

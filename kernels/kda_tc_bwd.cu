@@ -245,18 +245,19 @@ rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
 }
 
 /* ---- the kept fast reverse sweep with two tile sets, alone and with the rows kernel -------- */
-size_t smem_state_bwd_tc_db(int64_t C, int64_t K) {
-  int64_t KB = r16(K) + 8, CB = C + 8, DB = BVT + 8;
-  return smem_state_tc(C, K, 0) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv) {
+  int64_t KB = r16(K) + 8, CB = C + 8, DB = bv + 8;
+  return smem_state_tc(C, K, 0, bv) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
 }
-template <int KV>
+template <int KV, int NV = BVT>
 __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
                                                            float *dh0) {
-  state_bwd_db<KV>(p, w, dout, dht, dh0, blockIdx.x, nullptr);
+  state_bwd_db<KV, NV>(p, w, dout, dht, dh0, blockIdx.x, nullptr);
 }
-state_bwd_db_fn k_state_bwd_tc_db_pick(int kv) {
-  static const state_bwd_db_fn t[3] = KV_SLOTS1(k_state_bwd_tc_db);
-  return t[kv_slot(kv)];
+state_bwd_db_fn k_state_bwd_tc_db_pick(int kv, int bv) {
+  static const state_bwd_db_fn t[2][3] = {KV_SLOTS1(k_state_bwd_tc_db),
+                                          {k_state_bwd_tc_db<0, BVN>, k_state_bwd_tc_db<64, BVN>, k_state_bwd_tc_db<128, BVN>}};
+  return t[bv == BVN][kv_slot(kv)];
 }
 /* The backward's flow kernel: k_state_bwd_tc_db and the fast k_bwd_rows_tc as one grid, as
  * k_fwd_flow does for the forward (kda_tc.cu: roles by start order, so every block a waiting

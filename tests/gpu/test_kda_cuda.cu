@@ -12,7 +12,8 @@
  * bit-identity of the backward (no float atomics); on the tensor-core path every case's kept
  * forward and backward also run with the flow kernels forced (KDA_KDA_FLOW=1) and off, and (the
  * compiled K = V = 64 / 128 shapes) with the wide state passes forced (KDA_KDA_WIDE=1) and off,
- * and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
+ * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
+ * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * bit for bit the same. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
@@ -364,6 +365,21 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+    }
+    /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
+     * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave) against 32
+     * (=32): a kept forward and its backward, the same bytes */
+    if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && !pk && !rc) {
+      std::vector<std::vector<char>> got[2];
+      const char *fe = getenv("KDA_KDA_FLOW");
+      std::string fsave = fe ? fe : "";
+      setenv("KDA_KDA_FLOW", "0", 1);
+      for (int b = 0; b < 2 && !rc; b++) rc = kept_run("KDA_KDA_STATE_BV", b ? "16" : "32", 1, got[b]);
+      if (fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
+      else unsetenv("KDA_KDA_FLOW");
+      same = !rc && got[0] == got[1];
+      if (same) printf("ok - %s: state passes at 16 V columns a block (KDA_KDA_STATE_BV=16) = 32, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: state passes at 16 V columns differ from 32%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
     /* the fused front (kda_cuda.cu front: k_intra_tc forms q, k, G, b from the raw inputs; version
      * 2 at K % 4 == 0, K <= 128) against k_rows4 + k_intra_tc staging its outputs
