@@ -523,13 +523,14 @@ static int use_state_db(const kda_kda_args *a, size_t db) {
  * block instead of BVT = 32, where twice the blocks still fit one wave of a block an SM: a
  * pass's time is then one block's chain of chunk steps, and half the columns shorten each
  * step's products, epilogues and stores (the chunk tiles it stages are the same). Measured on
- * the H200 with every state pass at 16 columns (wip/bvt16 against main, one run, two rounds,
- * 2026-12-03s32c): (8,512,4,64) k_state_fwd_tc_db 30.4 -> 27.7 us, k_state_bwd_tc_db 27.4 ->
- * 24.3 (ncu), fwd+bwd in a graph 0.144 / 0.143 -> 0.140 / 0.140 ms; beside the flow kernel
- * ((1,8192,16,128): fwd+bwd 1.946 / 1.933 -> 2.021 / 2.029) the doubled state grid took SMs
- * from the chunk blocks, hence the rule. KDA_KDA_STATE_BV=16 / =32 forces either wherever a
- * _db pass runs alone (read per call: test_kda_cuda compares the two bit for bit). db16: the
- * forward's or the backward's _db bytes at 16 columns. */
+ * the H200 against main in one run, two rounds (2026-12-03s32d): (8,512,4,64) fwd+bwd in a
+ * graph 0.143 / 0.143 -> 0.139 / 0.138 ms (ncu: k_state_fwd_tc_db 30.4 -> 27.5 us,
+ * k_state_bwd_tc_db 27.4 -> 23.8), the other bench shapes unchanged. With every state pass at
+ * 16 columns (s32c) (1,8192,16,128) fwd+bwd went 1.946 / 1.933 -> 2.021 / 2.029: beside the
+ * flow kernel the doubled state grid holds SMs the chunk blocks need, hence the rule (the flow
+ * keeps 32). KDA_KDA_STATE_BV=16 / =32 forces either wherever a _db pass runs alone (read
+ * per call: test_kda_cuda compares the two bit for bit). db16: the forward's or the
+ * backward's _db bytes at 16 columns. */
 static int state_bv(const kda_kda_args *a, size_t db16) {
   const char *e = getenv("KDA_KDA_STATE_BV");
   if (e && strcmp(e, "32") == 0) return BVT;
