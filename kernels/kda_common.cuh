@@ -289,14 +289,14 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
-/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB; ST_DBN
- * at BVN columns a block) and precise-kept (ST_PRECISE) kernels; the backward's (pr: precise);
- * the kept fast reverse sweep with two tile sets (bv: BVT or BVN columns a block) */
+/* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
+ * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
+ * with two tile sets. bv: the second-tile-set kernels' V columns a block (BVT or BVN) */
 typedef void (*state_fwd_fn)(kp, ws, const float *, void *, float *);
 typedef void (*state_bwd_fn)(kp, ws, const float *, const void *, const float *, float *, int);
 typedef void (*state_bwd_db_fn)(kp, ws, const void *, const float *, float *);
-enum { ST_FAST, ST_DB, ST_PRECISE, ST_DBN };
-state_fwd_fn k_state_fwd_tc_pick(int form, int kv);
+enum { ST_FAST, ST_DB, ST_PRECISE };
+state_fwd_fn k_state_fwd_tc_pick(int form, int kv, int bv = BVT);
 state_bwd_fn k_state_bwd_tc_pick(bool pr, int kv);
 state_bwd_db_fn k_state_bwd_tc_db_pick(int kv, int bv = BVT);
 /* k_intra_tc and k_state_fwd_tc_db as one grid (kda_tc.cu, "flow"): after the first `lead`

@@ -411,7 +411,8 @@ static void preload_kernels(int kv) {
           ld((const void *)k_bwd_final_tc_pick(pr, cm, kv));
     ld((const void *)k_bwd_rows_tc_pick(pr, kv)), ld((const void *)k_state_bwd_tc_pick(pr, kv));
   }
-  for (int f : {ST_FAST, ST_DB, ST_PRECISE, ST_DBN}) ld((const void *)k_state_fwd_tc_pick(f, kv));
+  for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
+  ld((const void *)k_state_fwd_tc_pick(ST_DB, kv, BVN));
   ld((const void *)k_state_bwd_tc_db_pick(kv)), ld((const void *)k_state_bwd_tc_db_pick(kv, BVN));
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
@@ -731,7 +732,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     if (use_state_db(a, smd)) {
       int bv = state_bv(a, smem_state_tc_db(a->chunk, a->K, BVN));
       size_t smb = smem_state_tc_db(a->chunk, a->K, bv);
-      auto kern = k_state_fwd_tc_pick(bv == BVN ? ST_DBN : ST_DB, kv);
+      auto kern = k_state_fwd_tc_pick(ST_DB, kv, bv);
       if (smem_opt_in((const void *)kern, smb, a, op, "k_state_fwd_tc_db")) return -1;
       kern<<<state_grid(a, bv), chunk_threads(a, "state_fwd", NTC), smb, st>>>(p, w, h0, o, ht);
       LAUNCH_OK("k_state_fwd_tc_db", "kda_kda_cuda_forward");

@@ -883,11 +883,12 @@ __global__ void __launch_bounds__(NTC) k_state_fwd_tc_p(kp p, ws w, const float 
   if (ht) st_st(p, ht, b.sbase, b.c0, t);
 }
 
-/* the forward state pass's kernel by form (ST_FAST, ST_DB, ST_PRECISE, ST_DBN) and kv (kv_spec) */
-state_fwd_fn k_state_fwd_tc_pick(int form, int kv) {
-  static const state_fwd_fn t[4][3] = {KV_SLOTS1(k_state_fwd_tc), KV_SLOTS1(k_state_fwd_tc_db), KV_SLOTS1(k_state_fwd_tc_p),
-                                       {k_state_fwd_tc_db<0, BVN>, k_state_fwd_tc_db<64, BVN>, k_state_fwd_tc_db<128, BVN>}};
-  return t[form][kv_slot(kv)];
+/* the forward state pass's kernel by form (ST_FAST, ST_DB, ST_PRECISE), kv (kv_spec) and, for
+ * ST_DB, bv (BVT or BVN V columns a block) */
+state_fwd_fn k_state_fwd_tc_pick(int form, int kv, int bv) {
+  static const state_fwd_fn t[3][3] = {KV_SLOTS1(k_state_fwd_tc), KV_SLOTS1(k_state_fwd_tc_db), KV_SLOTS1(k_state_fwd_tc_p)};
+  static const state_fwd_fn dbn[3] = {k_state_fwd_tc_db<0, BVN>, k_state_fwd_tc_db<64, BVN>, k_state_fwd_tc_db<128, BVN>};
+  return form == ST_DB && bv == BVN ? dbn[kv_slot(kv)] : t[form][kv_slot(kv)];
 }
 
 /* ---- phase timers (KDA_PHASES builds; see kda_common.cuh) ---------------------------------- */
