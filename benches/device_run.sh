@@ -178,7 +178,7 @@ if [ "$MODE" = kda_multi ]; then
     for k in ${NCU:-}; do echo "== ncu $k, $last (shape ${SHAPE:-0})"   # each kernel's details + stall/opcode mix
       env $(envof "$last") KDA_BENCH_SHAPE=${SHAPE:-0} timeout 90 ncu --set full -k "regex:^$k" --launch-skip 2 --launch-count 1 \
         -f -o /tmp/ncu_$k "$(bin "$last")/kda_bench" > /dev/null 2>&1; echo "ncu rc=$?"
-      ncu -i /tmp/ncu_$k.ncu-rep --page details 2>&1 | grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Executed Ipc A"
+      ncu -i /tmp/ncu_$k.ncu-rep --page details 2>&1 | grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Executed Ipc A|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate"
       ncu -i /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > /tmp/ncu_$k.csv 2>&1
       python3 benches/ncu_sass_mix.py /tmp/ncu_$k.csv 2>&1 | head -34; done
   } >> "$OUT/kda_multi.log" 2>&1
