@@ -155,6 +155,51 @@ static __device__ inline void seq_span(const kp &p, int64_t n, int64_t *bos, int
   else *bos = n * p.T, *len = p.T;
 }
 
+/* Equal-length sequences (no cu_seqlens): chunk idx is chunk idx % nc of sequence idx / nc,
+ * written by a thread each (H200, (8,2048,16,128): 8.5 -> 2.1 us; the serial loop below took
+ * ~10 us at B = 32, 1% of a small fwd+bwd). Packed sequences: one thread walks them (sequence
+ * starts need a prefix sum). One block does it: the last block of the row kernels (kda_cuda.cu), which
+ * run beside it and read none of it (it was a kernel of its own, k_chunks, one more launch
+ * ahead of k_intra on every forward), or of k_intra_tc's grid (kda_tc.cu; equal-length
+ * sequences, whose chunks chunk_of forms without it), or k_chunk_table alone. */
+static __device__ inline void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst, int *flow) {
+  for (int64_t i = threadIdx.x; i < 3 + 2 * NTu * p.HV; i += blockDim.x) flow[i] = 0;   /* the flow kernels' */
+  if (!p.cu) {
+    int64_t nc = (p.T + p.C - 1) / p.C;
+    for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
+      int64_t n = idx / nc, t0 = idx % nc * p.C;
+      ctab[4 * idx] = (int)n, ctab[4 * idx + 1] = (int)(n * p.T + t0);
+      ctab[4 * idx + 2] = (int)(p.T - t0 < p.C ? p.T - t0 : p.C), ctab[4 * idx + 3] = 0;
+    }
+    for (int64_t n = threadIdx.x; n <= p.B; n += blockDim.x) sfirst[n] = (int)(n * nc);
+    return;
+  }
+  if (threadIdx.x) return;
+  int64_t N = p.cu ? p.nseq : p.B, idx = 0;
+  for (int64_t n = 0; n < N; n++) {
+    int64_t bos, len;
+    seq_span(p, n, &bos, &len);
+    sfirst[n] = (int)idx;
+    for (int64_t t0 = 0; t0 < len && idx < NTu; t0 += p.C, idx++) {
+      ctab[4 * idx] = (int)n, ctab[4 * idx + 1] = (int)(bos + t0);
+      ctab[4 * idx + 2] = (int)(len - t0 < p.C ? len - t0 : p.C), ctab[4 * idx + 3] = 0;
+    }
+  }
+  sfirst[N] = (int)idx;
+  for (; idx < NTu; idx++) ctab[4 * idx + 2] = 0;
+}
+
+/* chunk cb's first token and rows: its chunk-table entry, or (tab: equal-length sequences,
+ * whose table the reader's own grid is writing) formed as chunk_table forms them */
+static __device__ inline void chunk_of(const kp &p, const ws &w, int64_t cb, bool tab, int64_t *t0, int *n) {
+  if (tab) {
+    int64_t nc = (p.T + p.C - 1) / p.C, j0 = cb % nc * p.C;
+    *t0 = cb / nc * p.T + j0, *n = (int)(p.T - j0 < p.C ? p.T - j0 : p.C);
+    return;
+  }
+  *t0 = w.ctab[4 * cb + 1], *n = w.ctab[4 * cb + 2];
+}
+
 /* Rows hi down to lo of column d of a chunk's gate gradient, shared by both kernel versions:
  * the reverse cumsum of dG continued from acc (dG_at(r): row r of column d; version 1 holds it
  * in w.dW, version 2 in shared memory; acc is the sum of the rows after hi, dGn included, which
@@ -277,7 +322,7 @@ size_t smem_final_tc(int64_t C, int64_t K);
 size_t smem_final_tc_compact(int64_t C, int64_t K);
 /* the chunk kernels (templates in kda_tc.cu, kda_tc_bwd.cu) by their instantiation: pr the
  * precise twin, cm the compact layout, kv the shape specialisation (kv_spec in kda_cuda.cu) */
-typedef void (*intra_tc_fn)(kp, const void *, ws, int, rowin);
+typedef void (*intra_tc_fn)(kp, const void *, ws, int, rowin, int);
 typedef void (*rows_tc_fn)(kp, const void *, ws, int);
 typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
 typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,

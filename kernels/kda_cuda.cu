@@ -7,8 +7,9 @@
  * Pipeline (one value head h, chunk = C rows, tokens tt = absolute rows of the B*T axis):
  *   k_rows       per (token, value head): l2-normalised q, k; gate -> log-decay; beta; its
  *                last block: the chunk table (seq, first token, rows) from cu_seqlens or B, T
- *                (version 2 at K % 4 == 0, K <= 128: k_chunk_table alone, and k_intra_tc
- *                does its chunk's rows: the fused front, front() below)
+ *                (version 2 at K % 4 == 0, K <= 128: k_intra_tc does its chunk's rows, the
+ *                fused front, front() below; the table is k_chunk_table's, or for equal-length
+ *                sequences k_intra_tc's last blocks')
  *   k_intra      per (chunk, head): G = cumsum g; Aqk (x s), L, M = (I+L)^-1 (forward
  *                substitution); W = M Kb, U = M (bV), kg = k e^{Gn-G}, qg = q e^G
  *   k_state_fwd  per (sequence, head, 32 V columns), sequential over chunks: Vn = U - W S,
@@ -81,39 +82,6 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
 }
 
 /* ---- chunk table ------------------------------------------------------------------------ */
-
-/* Equal-length sequences (no cu_seqlens): chunk idx is chunk idx % nc of sequence idx / nc,
- * written by a thread each (H200, (8,2048,16,128): 8.5 -> 2.1 us; the serial loop below took
- * ~10 us at B = 32, 1% of a small fwd+bwd). Packed sequences: one thread walks them (sequence
- * starts need a prefix sum). One block does it: the last block of the row kernels below, which
- * run beside it and read none of it (it was a kernel of its own, k_chunks, one more launch
- * ahead of k_intra on every forward). */
-static __device__ void chunk_table(const kp &p, int64_t NTu, int *ctab, int *sfirst, int *flow) {
-  for (int64_t i = threadIdx.x; i < 3 + 2 * NTu * p.HV; i += blockDim.x) flow[i] = 0;   /* the flow kernels' */
-  if (!p.cu) {
-    int64_t nc = (p.T + p.C - 1) / p.C;
-    for (int64_t idx = threadIdx.x; idx < NTu; idx += blockDim.x) {
-      int64_t n = idx / nc, t0 = idx % nc * p.C;
-      ctab[4 * idx] = (int)n, ctab[4 * idx + 1] = (int)(n * p.T + t0);
-      ctab[4 * idx + 2] = (int)(p.T - t0 < p.C ? p.T - t0 : p.C), ctab[4 * idx + 3] = 0;
-    }
-    for (int64_t n = threadIdx.x; n <= p.B; n += blockDim.x) sfirst[n] = (int)(n * nc);
-    return;
-  }
-  if (threadIdx.x) return;
-  int64_t N = p.cu ? p.nseq : p.B, idx = 0;
-  for (int64_t n = 0; n < N; n++) {
-    int64_t bos, len;
-    seq_span(p, n, &bos, &len);
-    sfirst[n] = (int)idx;
-    for (int64_t t0 = 0; t0 < len && idx < NTu; t0 += p.C, idx++) {
-      ctab[4 * idx] = (int)n, ctab[4 * idx + 1] = (int)(bos + t0);
-      ctab[4 * idx + 2] = (int)(len - t0 < p.C ? len - t0 : p.C), ctab[4 * idx + 3] = 0;
-    }
-  }
-  sfirst[N] = (int)idx;
-  for (; idx < NTu; idx++) ctab[4 * idx + 2] = 0;
-}
 
 /* the fused front's chunk table (kda_tc.cu intra_rows: no row kernel runs), one block */
 __global__ void k_chunk_table(kp p, ws w, int64_t NTu) { chunk_table(p, NTu, w.ctab, w.sfirst, w.flow); }
@@ -596,7 +564,9 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
  * intra = 0: all but intra (the forward's flow kernel runs intra with *ri).
  * Version 2 at K % 4 == 0, K <= 128, 8-byte aligned q, k, g: the fused front, k_intra_tc
  * doing the row preprocessing of its chunk itself (intra_rows in kda_tc.cu; *ri its inputs),
- * after a one-block kernel for the chunk table; KDA_KDA_ROWS_IN=0 turns it off (read per
+ * after a one-block kernel for the chunk table (for equal-length sequences, where each
+ * chunk's rows are arithmetic, one more column of k_intra_tc's grid instead: tab; the flow
+ * forward, which runs intra itself, keeps the kernel); KDA_KDA_ROWS_IN=0 turns it off (read per
  * call: test_kda_cuda compares the two). H200, one run, three rounds (2026-12-01s23b; with the
  * forward's skipped G and M writes, kda_tc.cu): fwd (8,2048,16,128) 1.139-1.147 -> 1.045-1.058
  * ms, (1,8192,16,128) 0.760-0.764 -> 0.721-0.735, in a graph (32,512,4,64) 0.156-0.157 ->
@@ -612,10 +582,14 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   int al8 = ((uintptr_t)q | (uintptr_t)k | (uintptr_t)g) % 8 == 0;
   const char *re = getenv("KDA_KDA_ROWS_IN");
   *ri = rowin{};
+  int tab = 0;                                     /* k_intra_tc's grid writes the chunk table */
   if (tc && a->K % 4 == 0 && al8 && a->K <= 128 && !(re && strcmp(re, "0") == 0)) {
     *ri = rowin{q, k, g, beta, A_log, dt_bias, w.Kb != nullptr};
-    k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
-    LAUNCH_OK("k_chunk_table", "kda cuda");
+    tab = intra && !a->cu_seqlens;
+    if (!tab) {
+      k_chunk_table<<<1, 256, 0, st>>>(p, w, NTu);
+      LAUNCH_OK("k_chunk_table", "kda cuda");
+    }
   } else {                                         /* each row kernel's grid has one more block: the chunk table */
     if (a->K % 4 == 0 && al8 && a->K <= 64)
       k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
@@ -633,7 +607,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-    kern<<<dim3((unsigned)NTu, (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri);
+    kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }

@@ -226,14 +226,16 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int cb,
-                                                int64_t h) {
+                                                int64_t h, bool tab) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * cb;
-  const int n = NF ? NF : ct[2];
+  int64_t t0;
+  int nc;
+  chunk_of(p, w, cb, tab, &t0, &nc);
+  const int n = NF ? NF : nc;
   if (!n) return;
-  int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
+  int64_t K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
   /* CM: the compact layout (smem_intra_tc_compact; vt = 2), its own instantiation (the wide
    * kernel's PTX stays what it was: with the layout chosen at run time it was 1.3-1.7% slower
@@ -551,15 +553,26 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   else mma_tf(C, V16, C, tft{Ms, CS}, [&](int j, int c) { return tf32r(bv(j, c)); }, pairs2(uout));
   PH(9);
 }
+/* tab (equal-length sequences, kda_cuda.cu front): the grid's last column of blocks is the
+ * chunk table's (its row 0 writes it, for the kernels after this one) and each chunk's block
+ * forms its own first token and rows (chunk_of) instead of reading them, so that no kernel of
+ * its own runs ahead of this one for the table. H200 (2026-12-03s33c): see front */
 template <bool PR, bool CM, int KV>
-__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri) {
+__global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri, int tab) {
+  if (tab && blockIdx.x == gridDim.x - 1) {
+    if (!blockIdx.y) chunk_table(p, gridDim.x - 1, w.ctab, w.sfirst, w.flow);
+    return;
+  }
   /* a compiled shape's full chunk with n = 64 fixed (here and in k_bwd_mat_tc, as in the final
    * kernel). H200, one run, two rounds (2026-12-02s29b): fwd (8,2048,16,128) 0.906-0.915 ->
    * 0.884-0.892 ms, fwd+bwd 3.098-3.116 -> 3.073-3.088, graph (32,512,4,64) 0.455 -> 0.450-0.451,
    * (8,512,4,64) 0.146 -> 0.144 */
-  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))
-    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
-  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y);
+  int64_t t0;
+  int n;
+  chunk_of(p, w, blockIdx.x, tab, &t0, &n);
+  if (full_rows<PR, KV>(p, n))
+    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, blockIdx.x, blockIdx.y, tab);
+  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y, tab);
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
@@ -727,7 +740,7 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
     int64_t nc = (p.T + p.C - 1) / p.C;
     cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
   }
-  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, (int)cb, h);
+  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, (int)cb, h, false);
   __syncthreads();                                 /* every thread's stores issued */
   flow_signal(w.flow + 1, (int)cb, h, HV);
 }

@@ -48,14 +48,18 @@ template <int KV, int NB> static __device__ __forceinline__ void kv_fix(kp &p) {
     }
   }
 }
-/* Whether chunk cb runs a chunk kernel's body with the row count fixed at FULL_NF<PR, KV> = 64
+/* Whether chunk cb (of n rows: full_rows) runs a chunk kernel's body with the row count fixed at FULL_NF<PR, KV> = 64
  * (its loops and row checks fold): a compiled shape's (KV != 0) fast form (!PR), a full chunk,
  * unless KDA_KDA_FULL=0 (p.full). k_intra_tc, k_bwd_mat_tc(_h) and k_bwd_final_tc dispatch on it;
  * the other forms never take it, and FULL_NF = 0 keeps them from instantiating a second body. */
 template <bool PR, int KV> constexpr int FULL_NF = KV != 0 && !PR ? 64 : 0;
+template <bool PR, int KV> static __device__ __forceinline__ bool full_rows(const kp &p, int n) {
+  if constexpr (FULL_NF<PR, KV> == 0) return false;
+  else return p.full && n == 64;
+}
 template <bool PR, int KV> static __device__ __forceinline__ bool full_chunk(const kp &p, const int *ctab, int cb) {
   if constexpr (FULL_NF<PR, KV> == 0) return false;
-  else return p.full && ctab[4 * cb + 2] == 64;
+  else return full_rows<PR, KV>(p, ctab[4 * cb + 2]);
 }
 /* a kernel template's instantiations for KV = 0, 64, 128 (kv_slot's order), other arguments
  * first (KV_SLOTS1: KV its only one) */
