@@ -191,10 +191,10 @@ static __device__ inline void chunk_table(const kp &p, int64_t NTu, int *ctab, i
 
 /* chunk cb's first token and rows: its chunk-table entry, or (tab: equal-length sequences,
  * whose table the reader's own grid is writing) formed as chunk_table forms them */
-static __device__ inline void chunk_of(const kp &p, const ws &w, int64_t cb, bool tab, int64_t *t0, int *n) {
-  if (tab) {
-    int64_t nc = (p.T + p.C - 1) / p.C, j0 = cb % nc * p.C;
-    *t0 = cb / nc * p.T + j0, *n = (int)(p.T - j0 < p.C ? p.T - j0 : p.C);
+static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool tab, int64_t *t0, int *n) {
+  if (tab) {                                       /* 32-bit, as the table's entries are */
+    int T = (int)p.T, nc = (T + p.C - 1) / p.C, j0 = cb % nc * p.C;
+    *t0 = cb / nc * T + j0, *n = T - j0 < p.C ? T - j0 : p.C;
     return;
   }
   *t0 = w.ctab[4 * cb + 1], *n = w.ctab[4 * cb + 2];

@@ -225,15 +225,12 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
 template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
-static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int cb,
-                                                int64_t h, bool tab) {
+static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int64_t t0,
+                                                int nrows, int64_t h) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  int64_t t0;
-  int nc;
-  chunk_of(p, w, cb, tab, &t0, &nc);
-  const int n = NF ? NF : nc;
+  const int n = NF ? NF : nrows;                   /* chunk_of's rows */
   if (!n) return;
   int64_t K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), KS = K16 + 4, VS = V16 + 4, CS = C + 4;
@@ -571,8 +568,8 @@ __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int
   int n;
   chunk_of(p, w, blockIdx.x, tab, &t0, &n);
   if (full_rows<PR, KV>(p, n))
-    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, blockIdx.x, blockIdx.y, tab);
-  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, blockIdx.x, blockIdx.y, tab);
+    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blockIdx.y);
+  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blockIdx.y);
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
@@ -740,7 +737,10 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
     int64_t nc = (p.T + p.C - 1) / p.C;
     cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
   }
-  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, (int)cb, h, false);
+  int64_t t0;
+  int n;
+  chunk_of(p, w, (int)cb, false, &t0, &n);
+  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, t0, n, h);
   __syncthreads();                                 /* every thread's stores issued */
   flow_signal(w.flow + 1, (int)cb, h, HV);
 }
