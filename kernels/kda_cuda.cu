@@ -573,7 +573,11 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
  * 0.138, (8,512,4,64) 0.057 -> 0.051; fwd+bwd 3.685-3.697 -> 3.629-3.656, 2.29-2.30 either
  * way, 0.513 -> 0.502, 0.159 -> 0.156-0.157. Its first form (f8ea09c: the tile zeroing before
  * the loads, not beside them as intra_rows' mid; beta's load after the rows') lost 2.6% at
- * (1,8192,16,128) fwd+bwd (s23a) */
+ * (1,8192,16,128) fwd+bwd (s23a). tab, H200, three rounds each against main's kernels in one
+ * run (2026-12-03s34a): in a graph fwd (8,512,4,64) 0.046-0.047 -> 0.045 ms, fwd+bwd 0.140 ->
+ * 0.138-0.139; (32,512,4,64) 0.443 -> 0.442; the large shapes within the rounds' spread
+ * (fwd+bwd (8,2048,16,128) med 3.020-3.021 -> 3.019-3.037); ncu (8,512,4,64), s33c:
+ * k_chunk_table's 2.5 us gone, k_intra_tc 33.5 -> 33.9 us */
 static int front(const kda_kda_args *a, const kp &p, const void *q, const void *k, const void *v,
                  const void *g, const void *beta, const float *A_log, const float *dt_bias,
                  const ws &w, cudaStream_t st, const char *op, int tc, int prec, rowin *ri, int intra = 1) {

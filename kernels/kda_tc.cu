@@ -553,7 +553,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
 /* tab (equal-length sequences, kda_cuda.cu front): the grid's last column of blocks is the
  * chunk table's (its row 0 writes it, for the kernels after this one) and each chunk's block
  * forms its own first token and rows (chunk_of) instead of reading them, so that no kernel of
- * its own runs ahead of this one for the table. H200 (2026-12-03s33c): see front */
+ * its own runs ahead of this one for the table. H200 (2026-12-03s33c, s34a): see front */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri, int tab) {
   if (tab && blockIdx.x == gridDim.x - 1) {
