@@ -357,7 +357,7 @@ static __device__ __forceinline__ void flow_wait(const ws &w, int ci, int64_t h,
 
 /* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
  * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
- * chunk ci - 1's whole set is staged at the top of step ci. Same products in the same order as
+ * chunk ci - 1's whole set is staged during step ci. Same products in the same order as
  * k_state_bwd_tc's reverse sweep. With k_state_fwd_tc_db, fwd+bwd on the H200 (against
  * KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 3.813 -> 3.665 ms, (8,512,4,64) 0.260 -> 0.253. */
 template <int KV, int NV = BVT>
@@ -379,18 +379,25 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     int64_t t0 = w.ctab[4 * ci + 1];
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
-    __syncthreads();                               /* step ci + 1 done with tn's tiles, dS, Vb, en */
-    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
-    cp_async_commit();
+    /* chunk ci's set (staged a step ahead) waited for before the one barrier that also ends
+     * step ci + 1's use of tn's tiles, dS, Vb, en (as state_fwd_db's steps) */
+    cp_async_wait_all();
+    __syncthreads();
     if (ci + 1 < cl) flow_signal(fb, ci + 1, h, HV);   /* chunk ci + 1's dS, dVn are written */
     st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci - 1's may fly) */
-    __syncthreads();
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
     mma_ldm(p.C, NV, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
+    /* the kept dS and the next set's copies after dVn, the product the step's chain starts
+     * with, not before it (dS's shadow is written by the update, after the barrier below; tn's
+     * tiles are free since the barrier above). H200, one run, three rounds (2026-12-04s35b):
+     * k_bwd_flow at (1,8192,16,128) 659.9 -> 631.6 us (ncu) from the one barrier above alone,
+     * 519.0 with these after dVn; fwd+bwd there in a graph 1.899-1.908 -> 1.787 ms; the lone
+     * pass at (8,512,4,64) unchanged (23.8 us) */
+    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+    if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+    cp_async_commit();
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */
     PH(4);

@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
 
 /* The same pass with a second set of chunk tiles (W, s qg, kg, Aqk and U: smem_state_tc_db),
  * for grids of at most one block an SM (the long sequences' few heads, small batches): every
- * tile of chunk ci + 1 is staged at the top of step ci, a whole step ahead of its use, where
+ * tile of chunk ci + 1 is staged during step ci, a step ahead of its use, where
  * k_state_fwd_tc's single set can issue each part only a product ahead (its waits were 21% of
  * its cycles at (8,2048,16,128)). S, its shadow, Vn's shadow and e^{G_last} stay single. Same
  * products in the same order: the same bytes as k_state_fwd_tc. Measured on the H200 (fwd,
@@ -678,11 +678,8 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     int m = w.ctab[4 * ci + 2];
     if (ci + 1 < cl) flow_wait(w, ci + 1, h, HV, flow);
     __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
-    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
-    if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
-    cp_async_commit();
     st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_group<1>();                      /* chunk ci's set (chunk ci + 1's may fly) */
+    cp_async_wait_all();                           /* chunk ci's set */
     __syncthreads();
     PH(0);
     st_vn_tc<P_BF16, NV>(p, t, t0, m, h, c0, w.vn);
@@ -692,6 +689,15 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
             pairs2([&](int r, int c, float x0, float x1) {
               if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
             }));
+    /* the kept S and the next set's copies after Vn and o, the products the step's chain
+     * starts with, not before them (S's shadow is written by the update, after the barrier
+     * below; tn's tiles are free since the step's first barrier). H200, one run, three rounds
+     * against the copies at the step's top (2026-12-04s35b): (8,512,4,64) k_state_fwd_tc_db
+     * 27.6 -> 25.4 us (ncu), fwd in a graph 0.045 -> 0.043-0.044 ms; the flow forward at
+     * (1,8192,16,128) unchanged */
+    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
+    if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
+    cp_async_commit();
     st_en_store(p, t, gl);
     __syncthreads();                               /* o done with Sb before the update writes it */
     PH(2);
