@@ -50,7 +50,7 @@ OUT=${OUT:-/tmp/kda_out}; mkdir -p "$OUT"
 K=/tmp/kdabundle; mkdir -p "$K"; tar -xJf .devbuild/bundle.tar.xz -C "$K"
 export LD_LIBRARY_PATH=$K/lib:${LD_LIBRARY_PATH:-} KDA_HOME=$PWD
 mkdir -p build/gpu data/small
-cp "$K"/data/prose.txt data/small/   # a kda_multi base bundle may carry no GPU op binaries
+[ -f "$K"/data/prose.txt ] && cp "$K"/data/prose.txt data/small/   # a base bundle (bundle.sh BASE=1) carries none
 for b in test_cuda_ops cuda_ops_bench; do [ -x "$K/bin/$b" ] && cp "$K/bin/$b" build/gpu/; done
 KDA=$K/bin/kda
 export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
@@ -170,6 +170,7 @@ if [ "$MODE" = kda_multi ]; then
       env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
     for sh in ${PSHAPES:-0}; do echo "== $last phases, shape $sh (0: (8,2048,16,128))"
+      [ -x "$(bin "$last")/kda_bench_phases" ] || { echo "no kda_bench_phases in $last's pack (kda_baseline.sh PACK)"; continue; }
       env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"; done
     for e in $([ "${KTIMES_ALL:-0}" = 1 ] && echo $KDA_MULTI || echo $last); do for sh in ${KTIMES:-}; do
       echo "== kernel times, $e, shape $sh (ncu gpu__time_duration, warm launches, each kernel alone)"
