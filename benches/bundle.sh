@@ -6,23 +6,19 @@
 # every side it runs is a kda_NAME pack of benches/kda_baseline.sh and no HYBRID entry runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-libs() { for l in libtinfo.so.6 libbsd.so.0 libmd.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" "$1/"; done; }
-if [ "${BASE:-0}" = 1 ]; then
-  st=.devbuild/stage; rm -rf "$st"; mkdir -p "$st/bin" "$st/lib"
-  libs "$st/lib"
-  git describe --always --dirty > "$st/bin/REVISION"
-  tar -C "$st" -cJf .devbuild/bundle.tar.xz bin lib
-  rm -rf "$st"; ls -la .devbuild/bundle.tar.xz; exit 0
-fi
-make -j2 kda gpu-bins >/dev/null
 st=.devbuild/stage
-rm -rf "$st"; mkdir -p "$st/bin" "$st/lib" "$st/data"
-BUILD_ONLY=1 OUT=build/kda_gpu sh benches/kda_gpu.sh >/dev/null   # the KDA kernels' test and bench, built here (nvcc, sm_90)
-cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench build/kda_gpu/test_kda_cuda build/kda_gpu/kda_bench build/kda_gpu/kda_bench_phases "$st/bin/"
-strip "$st/bin/"*
-libs "$st/lib"
-cp data/small/prose.txt "$st/data/"
+rm -rf "$st"; mkdir -p "$st/bin" "$st/lib"
+parts="bin lib"
+if [ "${BASE:-0}" != 1 ]; then
+  make -j2 kda gpu-bins >/dev/null
+  BUILD_ONLY=1 OUT=build/kda_gpu sh benches/kda_gpu.sh >/dev/null   # the KDA kernels' test and bench, built here (nvcc, sm_90)
+  cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench build/kda_gpu/test_kda_cuda build/kda_gpu/kda_bench build/kda_gpu/kda_bench_phases "$st/bin/"
+  strip "$st/bin/"*
+  mkdir -p "$st/data"; cp data/small/prose.txt "$st/data/"
+  parts="bin lib data"
+fi
+for l in libtinfo.so.6 libbsd.so.0 libmd.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" "$st/lib/"; done
 git describe --always --dirty > "$st/bin/REVISION"   # the device copy's .git may be older: history rows name this
-tar -C "$st" -cJf .devbuild/bundle.tar.xz bin lib data
+tar -C "$st" -cJf .devbuild/bundle.tar.xz $parts
 rm -rf "$st"
 ls -la .devbuild/bundle.tar.xz

@@ -380,7 +380,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     /* chunk ci's set (staged a step ahead) waited for before the one barrier that also ends
-     * step ci + 1's use of tn's tiles, dS, Vb, en (as state_fwd_db's steps) */
+     * step ci + 1's use of tn's tiles, dS, Vb, en */
     cp_async_wait_all();
     __syncthreads();
     if (ci + 1 < cl) flow_signal(fb, ci + 1, h, HV);   /* chunk ci + 1's dS, dVn are written */
