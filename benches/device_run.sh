@@ -54,6 +54,8 @@ mkdir -p build/gpu data/small
 for b in test_cuda_ops cuda_ops_bench; do [ -x "$K/bin/$b" ] && cp "$K/bin/$b" build/gpu/; done
 KDA=$K/bin/kda
 export REV=$(cat "$K/bin/REVISION" 2>/dev/null)   # the revision the bundle was built from (bench.sh's history rows)
+case "$MODE" in tests|runs|profile|bench|ab|ladder|rung3|race) [ -x "$KDA" ] || {   # a base bundle holds libraries only
+  echo "device_run.sh: $MODE needs the full bundle, .devbuild/bundle.tar.xz has no bin/kda (made with BASE=1): run benches/bundle.sh without BASE" >&2; exit 2; } ;; esac
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 build_kda() {   # the bundle's prebuilt KDA binaries (KDA_BIN=NAME: those of .devbuild/kda_NAME.tar.xz); an older bundle without them: build here
   local kb=$K/bin; if [ -n "${KDA_BIN:-}" ]; then kb=/tmp/kda_$KDA_BIN/bin; [ -d "$kb" ] || { mkdir -p /tmp/kda_$KDA_BIN && tar -xJf .devbuild/kda_$KDA_BIN.tar.xz -C /tmp/kda_$KDA_BIN; }; fi
