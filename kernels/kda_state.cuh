@@ -66,7 +66,8 @@ enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_DO = 64 };
  * comments say which); e^{G_last} goes through registers (st_glast_load / st_en_store). */
 template <class T>
 static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
-                                int64_t h, int64_t c0, const void *dout, int parts) {
+                                int64_t h, int64_t c0, const void *dout, int parts, int tid = -1, int nth = 0) {
+  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else threads [tid, nth) of a group of nth */
   int64_t HV = p.HV, V = p.V, r0 = t0 * HV + h;  /* r0: the global row of chunk row 0 */
   constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
   int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
@@ -76,7 +77,7 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   const int HVK = (int)HV * K16, HVC = (int)HV * C, HVV = (int)(HV * V);
   if (parts & (SG_W | SG_QG | SG_KG)) {
     const T *Wg = st_src<T>::W(w) + r0 * K16, *Qg = st_src<T>::qg(w) + r0 * K16, *Kg = st_src<T>::kg(w) + r0 * K16;
-    for (int e = threadIdx.x; e < C * kc; e += BT) {
+    for (int e = tid; e < C * kc; e += nth) {
       int i = e / kc, d = (e % kc) << LE;
       bool ok = i < m;
       int gi = (ok ? i : 0) * HVK + d;
@@ -87,7 +88,7 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   }
   if (parts & SG_A) {
     const T *Ag = st_src<T>::A(w) + r0 * C;
-    for (int e = threadIdx.x; e < C * cc; e += BT) {
+    for (int e = tid; e < C * cc; e += nth) {
       int i = e / cc, j = (e % cc) << LE;
       bool ok = i < m;
       cp_async16(t.A + i * t.CB + j, Ag + (ok ? i : 0) * HVC + j, ok);
@@ -96,18 +97,18 @@ static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, 
   if (parts & SG_U) {
     const float *Ug = w.U + r0 * V + c0;
     cp_tile_f32(t.Vn, t.SB, C, t.bv, m, (int)(V - c0 < t.bv ? V - c0 : t.bv), V % 4 == 0,
-                [&](int i) { return Ug + i * HVV; });
+                [&](int i) { return Ug + i * HVV; }, tid, nth);
   }
   if (parts & SG_DO) {
     const bf16 *g = (const bf16 *)dout + r0 * V + c0;
     if (V % 8 == 0 && al16(dout)) {
-      for (int e = threadIdx.x; e < C * (t.bv / 8); e += BT) {
+      for (int e = tid; e < C * (t.bv / 8); e += nth) {
         int i = e / (t.bv / 8), c = (e % (t.bv / 8)) << 3;
         bool ok = i < m && c0 + c < V;
         cp_async16(t.dO + i * t.DB + c, g + (ok ? i * HVV + c : 0), ok);
       }
     } else
-      for (int e = threadIdx.x; e < C * t.bv; e += BT) {
+      for (int e = tid; e < C * t.bv; e += nth) {
         int i = e / t.bv, c = e % t.bv;
         t.dO[i * t.DB + c] = i < m && c0 + c < V ? g[i * HVV + c] : __float2bfloat16(0.f);
       }
@@ -145,23 +146,25 @@ static __device__ void st_st(const kp &p, float *dst, int64_t base, int64_t c0, 
  * and dgn, take it as it is: the same RN rounding their operands had when these were fp32 and
  * halves the bytes of the two largest kept tensors), the fp32 layout (the precise backward) S */
 template <class T>
-static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t) {
+static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t,
+                               int tid = -1, int nth = 0) {
   if constexpr (std::is_same<T, sbf>::value) {
+    if (tid < 0) tid = threadIdx.x, nth = BT;      /* else threads [tid, nth) of a group of nth */
     sbf *d = (sbf *)dst + base + c0;
     if (p.V % 8 == 0) {   /* rows 16-byte aligned; a group of 8 columns all in or all out */
-      for (int e = threadIdx.x; e < p.K * (t.bv / 8); e += BT) {
+      for (int e = tid; e < p.K * (t.bv / 8); e += nth) {
         int r = e / (t.bv / 8), c = (e % (t.bv / 8)) * 8;
         if (c0 + c < p.V) *(uint4 *)(d + r * p.V + c) = *(const uint4 *)(t.Sb + r * t.DB + c);
       }
       return;
     }
-    for (int e = threadIdx.x; e < p.K * t.bv; e += BT) {
+    for (int e = tid; e < p.K * t.bv; e += nth) {
       int r = e / t.bv, c = e % t.bv;
       if (c0 + c < p.V) d[r * p.V + c] = t.Sb[r * t.DB + c];
     }
     return;
   }
-  st_st(p, dst, base, c0, t);
+  st_st(p, dst, base, c0, t);   /* the precise passes: every thread (no range) */
 }
 /* The reverse sweeps' dVn epilogue, two adjacent outputs (row r, columns c, c + 1; in0, in1:
  * within V): -dVn into the shadow Vb (the dS update's operand), dVn into the global fp32 (the
@@ -321,6 +324,30 @@ static __device__ __forceinline__ st_glast st_rev_top(const kp &p, const ws &w, 
 }
 
 
+/* The warps a C x NV product of a _db step leaves idle (warp_tiles16 gives tile t to warp t:
+ * (C/16)(NV/16) tiles for 16 warps; 4 at NV = 16, 8 at 32): where at least three quarters of
+ * the warps are idle (on), those store the kept state and issue the next set's copies while the others
+ * run the step's first products, instead of every warp doing both after those products. me:
+ * this thread is one of them; tid, nth: its index among them, their count (st_stage's,
+ * st_keep's ranges). H200, one run, three rounds against main's kernels (2026-12-04s38d): at
+ * NV = 16 (the lone passes at (8,512,4,64)) k_state_fwd_tc_db 25.6 -> 23.6 us,
+ * k_state_bwd_tc_db 23.7 -> 20.0 (ncu), fwd+bwd in a graph 0.136-0.137 -> 0.132-0.133 ms; the
+ * other bench shapes unchanged. Not at NV = 32 (the flow kernels at (1,8192,16,128), s38b:
+ * k_bwd_flow 523.4 -> 531.9 us with half the warps issuing a 64 KB set's copies, 16 a thread,
+ * beside dVn), and compiled for NV <= BVN only: decided at run time, the NV = 32 sweep lost
+ * with the branch off too (k_bwd_flow 519.4 -> 559.1, s38c: its code, not its work). */
+struct st_idle {
+  bool on, me;
+  int tid, nth;
+};
+template <int NV> static __device__ __forceinline__ st_idle st_idle_of(const kp &p) {
+  const int busy = (p.C >> 4) * (NV >> 4) * 32;
+  st_idle g;
+  g.on = NV <= BVN && 4 * busy <= BT, g.me = g.on && (int)threadIdx.x >= busy;
+  g.tid = (int)threadIdx.x - busy, g.nth = BT - busy;
+  return g;
+}
+
 /* The _db passes' second tile set, after the whole single-set layout t: W, s qg, kg, Aqk,
  * then the fp32 U / Vn tile (fwd, the forward pass) or dO (the reverse sweep) */
 static __device__ __forceinline__ st_tiles<sbf> st_carve_db(const kp &p, const st_tiles<sbf> &t, bool fwd) {
@@ -373,6 +400,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
   PH_INIT(2);
   st_ld<NV>(p, dht, b.sbase, c0, t0s);             /* t.S now holds dS (§4.2) */
   constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
+  const st_idle ig = st_idle_of<NV>(p);
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, dout, ALL);
   cp_async_commit();
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
@@ -387,6 +415,10 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     st_glast gl = st_glast_load(p, w, t0, m, h);
     PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
+    if (ig.me) {                                   /* beside dVn (ig: st_idle_of) */
+      st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
+      if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL, ig.tid, ig.nth);
+    }
     mma_ldm(p.C, NV, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
     /* the kept dS and the next set's copies after dVn, the product the step's chain starts
@@ -395,8 +427,10 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
      * k_bwd_flow at (1,8192,16,128) 659.9 -> 631.6 us (ncu) from the one barrier above alone,
      * 519.0 with these after dVn; fwd+bwd there in a graph 1.899-1.908 -> 1.787 ms; the lone
      * pass at (8,512,4,64) unchanged (23.8 us) */
-    st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-    if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+    if (!ig.on) {
+      st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
+      if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+    }
     cp_async_commit();
     st_en_store(p, t, gl);
     __syncthreads();                               /* dVn done with Sb before the update writes it */

@@ -666,6 +666,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
   PH_INIT(1);
   st_ld<NV>(p, h0, b.sbase, c0, t0s);
   constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
+  const st_idle ig = st_idle_of<NV>(p);
   if (cf < cl) flow_wait(w, cf, h, HV, flow);
   __syncthreads();
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, ALL);
@@ -682,9 +683,15 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     cp_async_wait_all();                           /* chunk ci's set */
     __syncthreads();
     PH(0);
+    /* ig (st_idle_of): the warps Vn and o leave idle store the kept S and issue the next
+     * set's copies beside o */
     st_vn_tc<P_BF16, NV>(p, t, t0, m, h, c0, w.vn);
     __syncthreads();
     PH(1);
+    if (ig.me) {
+      if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
+      if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL, ig.tid, ig.nth);
+    }
     mma_ldm(p.C, NV, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
               if (r < m && c0 + c < V) st2b(o0 + r * HVV + c, x0, x1, c0 + c + 1 < V);
@@ -695,8 +702,10 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
      * against the copies at the step's top (2026-12-04s35b): (8,512,4,64) k_state_fwd_tc_db
      * 27.6 -> 25.4 us (ncu), fwd in a graph 0.045 -> 0.043-0.044 ms; the flow forward at
      * (1,8192,16,128) unchanged */
-    if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
-    if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
+    if (!ig.on) {
+      if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
+      if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
+    }
     cp_async_commit();
     st_en_store(p, t, gl);
     __syncthreads();                               /* o done with Sb before the update writes it */

@@ -188,7 +188,8 @@ static __device__ __forceinline__ void mma_blk(int M, int N, int Kd, FA A, FB B,
  * and the row pointers are 16-byte aligned (al: caller's check), else 4-byte copies. */
 template <class RP>
 static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, int Cp, int rows, int cols,
-                                                   bool al, RP rowp) {
+                                                   bool al, RP rowp, int tid = -1, int nth = 0) {
+  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else threads [tid, nth) of a group of nth */
   if (al && cols % 4 == 0) {
     int c4 = Cp >> 2;
     /* the same copies a thread as the loop below, a row step apart: no division a copy (that
@@ -197,20 +198,20 @@ static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, in
      * 3.111-3.114 ms with k_intra_tc's float4 Kb (2026-12-02s27d). Per kernel (ncu, each alone,
      * s27e): k_bwd_final_tc 1295 -> 1271 us, mat and rows unchanged (their staging is waiting,
      * not issuing); final's phase counters said 16.6k -> 7.4k cycles a block for its staging */
-    if (BT % c4 == 0) {
-      const int c = (threadIdx.x % c4) << 2, step = BT / c4;
-      for (int r = threadIdx.x / c4; r < R; r += step) {
+    if (nth % c4 == 0) {
+      const int c = (tid % c4) << 2, step = nth / c4;
+      for (int r = tid / c4; r < R; r += step) {
         bool ok = r < rows && c < cols;
         cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
       }
     } else
-      for (int e = threadIdx.x; e < R * c4; e += BT) {
+      for (int e = tid; e < R * c4; e += nth) {
         int r = e / c4, c = (e % c4) << 2;
         bool ok = r < rows && c < cols;
         cp_async16(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
       }
   } else {
-    for (int e = threadIdx.x; e < R * Cp; e += BT) {
+    for (int e = tid; e < R * Cp; e += nth) {
       int r = e / Cp, c = e % Cp;
       bool ok = r < rows && c < cols;
       cp_async4(dst + r * ds + c, ok ? rowp(r) + c : rowp(0), ok);
