@@ -67,7 +67,7 @@ enum { SG_W = 1, SG_QG = 2, SG_A = 4, SG_KG = 8, SG_U = 16, SG_DO = 64 };
 template <class T>
 static __device__ void st_stage(const kp &p, const ws &w, const st_tiles<T> &t, int64_t t0, int m,
                                 int64_t h, int64_t c0, const void *dout, int parts, int tid = -1, int nth = 0) {
-  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else threads [tid, nth) of a group of nth */
+  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else thread tid of the nth doing it */
   int64_t HV = p.HV, V = p.V, r0 = t0 * HV + h;  /* r0: the global row of chunk row 0 */
   constexpr int LE = sizeof(T) == 2 ? 3 : 2;       /* log2 of the elements per 16-byte copy */
   int C = p.C, K16 = t.K16, kc = K16 >> LE, cc = C >> LE;
@@ -149,7 +149,7 @@ template <class T>
 static __device__ void st_keep(const kp &p, float *dst, int64_t base, int64_t c0, const st_tiles<T> &t,
                                int tid = -1, int nth = 0) {
   if constexpr (std::is_same<T, sbf>::value) {
-    if (tid < 0) tid = threadIdx.x, nth = BT;      /* else threads [tid, nth) of a group of nth */
+    if (tid < 0) tid = threadIdx.x, nth = BT;      /* else thread tid of the nth doing it */
     sbf *d = (sbf *)dst + base + c0;
     if (p.V % 8 == 0) {   /* rows 16-byte aligned; a group of 8 columns all in or all out */
       for (int e = tid; e < p.K * (t.bv / 8); e += nth) {
@@ -326,10 +326,10 @@ static __device__ __forceinline__ st_glast st_rev_top(const kp &p, const ws &w, 
 
 /* The warps a C x NV product of a _db step leaves idle (warp_tiles16 gives tile t to warp t:
  * (C/16)(NV/16) tiles for 16 warps; 4 at NV = 16, 8 at 32): where at least three quarters of
- * the warps are idle (on), those store the kept state and issue the next set's copies while the others
- * run the step's first products, instead of every warp doing both after those products. me:
- * this thread is one of them; tid, nth: its index among them, their count (st_stage's,
- * st_keep's ranges). H200, one run, three rounds against main's kernels (2026-12-04s38d): at
+ * the warps are idle (on), those store the kept state and issue the next set's copies while
+ * the others run the step's first products, instead of every warp doing both after those
+ * products. me: this thread is one of them; tid, nth: its index among them, their count
+ * (st_stage's, st_keep's ranges). H200, one run, three rounds against main's kernels (2026-12-04s38d): at
  * NV = 16 (the lone passes at (8,512,4,64)) k_state_fwd_tc_db 25.6 -> 23.6 us,
  * k_state_bwd_tc_db 23.7 -> 20.0 (ncu), fwd+bwd in a graph 0.136-0.137 -> 0.132-0.133 ms; the
  * other bench shapes unchanged. Not at NV = 32 (the flow kernels at (1,8192,16,128), s38b:

@@ -185,11 +185,12 @@ static __device__ __forceinline__ void mma_blk(int M, int N, int Kd, FA A, FB B,
 /* dst[r*ds + c] = r < rows && c < cols ? rowp(r)[c] : 0 for r < R, c < Cp (fp32, asynchronous).
  * Cp % 4 == 0, ds % 4 == 0, dst 16-byte aligned; rowp(r) is only called for r < rows, and
  * rowp(0) serves as the (unread) address of zero-filled copies. 16-byte copies when cols % 4 == 0
- * and the row pointers are 16-byte aligned (al: caller's check), else 4-byte copies. */
+ * and the row pointers are 16-byte aligned (al: caller's check), else 4-byte copies. By every
+ * thread of the block, or (tid >= 0) by a group of nth threads, this one the group's tid-th. */
 template <class RP>
 static __device__ __forceinline__ void cp_tile_f32(float *dst, int ds, int R, int Cp, int rows, int cols,
                                                    bool al, RP rowp, int tid = -1, int nth = 0) {
-  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else threads [tid, nth) of a group of nth */
+  if (tid < 0) tid = threadIdx.x, nth = BT;        /* else thread tid of the nth doing it */
   if (al && cols % 4 == 0) {
     int c4 = Cp >> 2;
     /* the same copies a thread as the loop below, a row step apart: no division a copy (that
