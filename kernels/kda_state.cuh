@@ -335,7 +335,12 @@ static __device__ __forceinline__ st_glast st_rev_top(const kp &p, const ws &w, 
  * other bench shapes unchanged. Not at NV = 32 (the flow kernels at (1,8192,16,128), s38b:
  * k_bwd_flow 523.4 -> 531.9 us with half the warps issuing a 64 KB set's copies, 16 a thread,
  * beside dVn), and compiled for NV <= BVN only: decided at run time, the NV = 32 sweep lost
- * with the branch off too (k_bwd_flow 519.4 -> 559.1, s38c: its code, not its work). */
+ * with the branch off too (k_bwd_flow 519.4 -> 559.1, s38c: its code, not its work).
+ * test_kda_cuda holds it bit for bit to the 32-column passes, which never take it
+ * (KDA_KDA_STATE_BV=16 against =32 on every case). The stores and copies are written twice in
+ * each step (here beside the product, and after it for the other passes) rather than through
+ * a shared lambda: a lambda carrying the staging once lost copies in the compiled code
+ * (sixteenth pass), and these steps' code is measured as it stands. */
 struct st_idle {
   bool on, me;
   int tid, nth;
