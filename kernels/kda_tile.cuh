@@ -41,12 +41,7 @@ static __device__ __forceinline__ uint32_t to_tf32(float x) {
  * P_3TF32A (the same when A is exact in tf32, e.g. bf16 values: the lo(A) term is zero and
  * skipped, two MMAs per k8 step). The precise backward (see "precise backward" below) runs
  * every product that feeds the gate gradient in P_3TF32(A). */
-enum { P_BF16 = 0, P_TF32 = 1, P_3TF32 = 2, P_3TF32A = 3, P_3TF32S = 4 };
-/* P_3TF32S: P_3TF32 with each of the three terms in an accumulator of its own, summed at the end
- * (small terms first): a chain of one MMA a k8 step instead of three dependent ones. Only where
- * it measured faster (tril_inverse: fwd (8,2048,16,128) 1.257 -> 1.235 ms); everywhere else it
- * gained nothing (the precise backward 9.142 -> 9.115 ms, (32,512,4,64) 0.928 -> 0.935,
- * wip/p3acc) */
+enum { P_BF16 = 0, P_TF32 = 1, P_3TF32 = 2, P_3TF32A = 3 };
 /* hi, lo tf32 halves of x. The mask: lo = x - hi needs hi's exact tf32 value, and the PTX ISA
  * does not promise zero low bits in the cvt's .b32 result; lo needs none (whatever its low
  * bits do in the MMA is below 2^-11 |lo| <= 2^-22 |x|) */
@@ -89,7 +84,7 @@ static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, F
                                                    FL L = FL());
 template <int P, class FA, class FB, class FE, class FL = no_pre>
 static __device__ __forceinline__ void mma_blk4(int M, int N, int Kd, FA A, FB B, FE E4, FL L = FL()) {
-  if constexpr (P == P_3TF32 || P == P_3TF32A || P == P_3TF32S) {
+  if constexpr (P == P_3TF32 || P == P_3TF32A) {
     mma_blk4_3x<P>(M, N, Kd, A, B, E4, 0, L);
     return;
   }
@@ -132,9 +127,8 @@ static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, F
   for (int tile = threadIdx.x >> 5; tile < nt; tile += nw) {
     int i0 = (tile / tn) << 4, j0 = (tile % tn) << 3;
     const auto pre = L(i0 + g, j0 + 2 * t);
-    constexpr bool SEP = P == P_3TF32S, LOA = P != P_3TF32A;   /* LOA: lo(A) may be nonzero */
-    float c[4] = {}, cla[4] = {}, clb[4] = {};      /* hi hi, lo(A) hi(B), hi(A) lo(B) (SEP) */
-    float(&ca)[4] = SEP ? cla : c, (&cb)[4] = SEP ? clb : c;
+    constexpr bool LOA = P != P_3TF32A;            /* LOA: lo(A) may be nonzero */
+    float c[4] = {};
 #pragma unroll 2
     for (int k0 = 0; k0 < Kd; k0 += 8) {
       int ka = k0 + t;
@@ -149,13 +143,10 @@ static __device__ __forceinline__ void mma_blk4_3x(int M, int N, int Kd, FA A, F
       }
       if (bx) bh[0] = to_tf32(xb[0]) & 0xffffe000u, bh[1] = to_tf32(xb[1]) & 0xffffe000u;
       else split_tf32(xb[0], bh[0], bl[0]), split_tf32(xb[1], bh[1], bl[1]);
-      if (LOA) mma_tf32(ca[0], ca[1], ca[2], ca[3], al, bh);
-      if (!bx) mma_tf32(cb[0], cb[1], cb[2], cb[3], ah, bl);
+      if (LOA) mma_tf32(c[0], c[1], c[2], c[3], al, bh);
+      if (!bx) mma_tf32(c[0], c[1], c[2], c[3], ah, bl);
       mma_tf32(c[0], c[1], c[2], c[3], ah, bh);
     }
-    if constexpr (SEP)
-#pragma unroll
-      for (int u = 0; u < 4; u++) c[u] += cla[u] + clb[u];
     epi_call<FL>(E4, i0 + g, j0 + 2 * t, c[0], c[1], c[2], c[3], pre);
   }
 }
