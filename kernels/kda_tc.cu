@@ -310,6 +310,16 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   int VB = V16 + 8;
   sbf *vr = CM ? (sbf *)Ls : (sbf *)(bs + C);
   int tid = threadIdx.x;
+  /* the chunk's rows of the [T, HV, X] outputs: row r at r HV X from its first element, in
+   * 32-bit offsets (ROWI(r) X + d per element was 64-bit index arithmetic: the lines storing G,
+   * W, U, Kb, kg, qg were ~15% of this kernel's instructions, 80-90% of them integer, ncu SASS
+   * lines at (8,2048,16,128), 2026-12-04s39f). H200, two rounds against the 64-bit form
+   * (s39g): k_intra_tc 829 -> 799 us there (ncu), fwd 0.849-0.852 -> 0.829-0.830 ms, fwd+bwd
+   * 2.986-2.990 -> 2.956-2.957; (1,8192,16,128) fwd+bwd 1.809-1.813 -> 1.794-1.795 (fwd
+   * 0.584-0.585 -> 0.590-0.594); the small shapes equal (the compact form now spills 4 / 36
+   * bytes at its bound: 31.3 us either way at (8,512,4,64)) */
+  const int64_t r0 = ROWI(0);
+  const int RK = (int)(HV * K), R16 = (int)HV * K16, RV = (int)(HV * V), RC = (int)HV * C;
   PH_INIT(0);
   {                                                /* q, k, G (and v): asynchronous copies, zero-padded */
     bool al = K % 4 == 0;
@@ -343,7 +353,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* the cumsum to the workspace: every row for a backward (w.Kb set: the backward, or a forward
    * that keeps), else the last row only, all that the state pass reads (e^{G_last}) */
   chunk_cumsum(Gs, KS, C, K16, n, (int)K, [&](int r, int d, float x) {
-    if (w.Kb || r == n - 1) w.G[ROWI(r) * K + d] = x;
+    if (w.Kb || r == n - 1) w.G[r0 * K + (r * RK + d)] = x;
   });
   PH(1);
   /* The flat chunk: when the chunk's whole decay span (max over key dims of G_first - G_last)
@@ -383,8 +393,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
         kg[u] = d + u < K ? a : 0.f, qg[u] = d + u < K ? p.scale * b : 0.f;
       }
       float4 kg4 = make_float4(kg[0], kg[1], kg[2], kg[3]), qg4 = make_float4(qg[0], qg[1], qg[2], qg[3]);
-      if (PR) *(float4 *)(w.kg + ROWI(r) * K16 + d) = kg4, *(float4 *)(w.qg + ROWI(r) * K16 + d) = qg4;
-      else st4b(w.kgb + ROWI(r) * K16 + d, kg4), st4b(w.qgb + ROWI(r) * K16 + d, qg4);
+      const int o = r * R16 + d;
+      if (PR) *(float4 *)(w.kg + r0 * K16 + o) = kg4, *(float4 *)(w.qg + r0 * K16 + o) = qg4;
+      else st4b(w.kgb + r0 * K16 + o, kg4), st4b(w.qgb + r0 * K16 + o, qg4);
     }
     if (flat) {
       float4 up, dn;
@@ -530,9 +541,10 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   for (int e = tid; e < n * (C / 4); e += BT) {
     int i = e / (C / 4), j = (e % (C / 4)) * 4;
     float4 a = *(const float4 *)(As + i * CS + j), m = *(const float4 *)(Ms + i * CS + j);
-    if (PR) *(float4 *)(w.Aqk + ROWI(i) * C + j) = a;
-    else st4b(w.Ab + ROWI(i) * C + j, a);          /* zero above the diagonal and past n */
-    if (w.Kb) *(float4 *)(w.M + ROWI(i) * C + j) = m;   /* k_bwd_mat_tc's, only a backward's */
+    const int o = i * RC + j;
+    if (PR) *(float4 *)(w.Aqk + r0 * C + o) = a;
+    else st4b(w.Ab + r0 * C + o, a);               /* zero above the diagonal and past n */
+    if (w.Kb) *(float4 *)(w.M + r0 * C + o) = m;   /* k_bwd_mat_tc's, only a backward's */
     if (!PR) *(float4 *)(Ms + i * CS + j) = make_float4(tf32r(m.x), tf32r(m.y), tf32r(m.z), tf32r(m.w));
   }                                                /* Ms: from here an MMA operand only */
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
@@ -559,14 +571,14 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       float4 kb = make_float4(k4.x * (b * kexp(g4.x)), k4.y * (b * kexp(g4.y)), k4.z * (b * kexp(g4.z)),
                               k4.w * (b * kexp(g4.w)));
       *(float4 *)(Kbt + r * PKS + d) = PR ? kb : make_float4(tf32r(kb.x), tf32r(kb.y), tf32r(kb.z), tf32r(kb.w));
-      if (w.Kb && r < n && d < K) *(float4 *)(w.Kb + ROWI(r) * K + d) = kb;
+      if (w.Kb && r < n && d < K) *(float4 *)(w.Kb + r0 * K + (r * RK + d)) = kb;
     }
   else
     for (int e = tid; e < C * K16; e += BT) {
       int r = e / K16, d = e % K16;
       float kb = ks[r * KS + d] * (bs[r] * kexp(Gs[r * KS + d]));
       Kbt[r * PKS + d] = PR ? kb : tf32r(kb);
-      if (w.Kb && r < n && d < K) w.Kb[ROWI(r) * K + d] = kb;
+      if (w.Kb && r < n && d < K) w.Kb[r0 * K + (r * RK + d)] = kb;
     }
   if (!vt)
     batched<8>(C * V16, [&](int e) {               /* Vb = b V (8 loads per thread in flight) */
@@ -592,11 +604,11 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
    * may not be (st2f then stores them one by one) */
   auto wout = [&](int i, int d, float c0, float c1) {
     if (i >= n) return;
-    if (PR) st2f(w.W + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
-    else st2b(w.Wb + ROWI(i) * K16 + d, d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
+    if (PR) st2f(w.W + r0 * K16 + (i * R16 + d), d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
+    else st2b(w.Wb + r0 * K16 + (i * R16 + d), d < K ? c0 : 0.f, d + 1 < K ? c1 : 0.f, true);
   };
   auto uout = [&](int i, int c, float x0, float x1) {
-    if (i < n && c < V) st2f(w.U + ROWI(i) * V + c, x0, x1, c + 1 < V);
+    if (i < n && c < V) st2f(w.U + r0 * V + (i * RV + c), x0, x1, c + 1 < V);
   };
   if constexpr (PR)
     mma_blk4<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
