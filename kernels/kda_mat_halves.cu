@@ -39,6 +39,8 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   const int C = p.C, V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KHS = MH_KH + 4, PS = mat_ps(V);
+  const int64_t r0 = ROWI(0);                      /* the epilogues' rows at 32-bit offsets from it */
+  const int RK = (int)(HV * K), RV = (int)(HV * V), RC = (int)HV * C;
   float *Ms = sm, *MsT = Ms + C * CS, *dM = MsT + C * CS, *bs = dM + C * CS, *part = bs + C, *R = part + C * PS;
   float *dVs = R, *X = R, *dWh = R, *Kbh = R + C * KHS;   /* R's rounds: dVn + v, dW + Kb halves, X */
   sbf *Vr = (sbf *)(dVs + C * VS);
@@ -67,7 +69,7 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
   /* dv = b (M^T dVn) (tf32) and dbeta's V term (M^T dVn)_j . v_j: a thread's two columns of
    * rows j and j + 8, then its tile row's four lanes (fixed shuffle tree), into part[j][c / 8] */
   auto dv_out = [&](int j, int c, float x0, float x1) {
-    if (j < n) st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, true);
+    if (j < n) st2b((bf16 *)dv + r0 * V + (j * RV + c), bs[j] * x0, bs[j] * x1, true);
   };
   mma_tf<NPB>(C, V16, C, tft{MsT, CS}, [&](int i, int c) { return dVs[i * VS + c]; },
                 [&](int j, int c, float x0, float x1, float x2, float x3) {
@@ -102,7 +104,7 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
                   }));
     mma_tf<NPB>(C, MH_KH, C, tft{MsT, CS}, [&](int i, int d) { return dWh[i * KHS + d]; },
                   pairs2([&](int j, int d, float x0, float x1) {
-                    if (j < n) st2f(w.dKb + ROWI(j) * K + d0 + d, x0, x1, true);
+                    if (j < n) st2f(w.dKb + r0 * K + (j * RK + d0 + d), x0, x1, true);
                   }));
   }
   __syncthreads();                                 /* dM complete; R free */
@@ -116,7 +118,7 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
   PH(6);
   mma_tf<NPB>(C, C, C, tft{MsT, CS}, [&](int m, int j) { return X[m * CS + j]; },
                 pairs2([&](int i, int j, float x0, float x1) {
-                  if (i < n) st2f(w.dL + ROWI(i) * C + j, j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
+                  if (i < n) st2f(w.dL + r0 * C + (i * RC + j), j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
                 }));
   mat_db_rows(part, PS, n, w.db + ROWI(0), HV);   /* dbeta_WY */
   PH(7);

@@ -144,15 +144,20 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8;
   /* each epilogue stores a row's two adjacent outputs at once (pairs2; K may be odd: st2f then
-   * stores them one by one) */
+   * stores them one by one), at 32-bit offsets from the chunk's first row (as k_intra_tc's;
+   * here and in the mat kernels: H200, one round, 2026-12-04s39h, fwd+bwd 2.957 -> 2.951 ms at
+   * (8,2048,16,128), 1.815 -> 1.808 at (1,8192,16,128), in a graph 0.435 -> 0.433 and 0.134 ->
+   * 0.133 at the small shapes: within a round's spread, kept for one way of addressing rows) */
+  const int64_t r0 = ROWI(0);
+  const int RK = (int)(HV * K), RC = (int)HV * C;
   auto dq_out = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K) st2f(w.dQ + ROWI(i) * K + d, x0, x1, d + 1 < K);
+    if (i < n && d < K) st2f(w.dQ + r0 * K + (i * RK + d), x0, x1, d + 1 < K);
   };
   auto dw_out = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K) st2f(w.dW + ROWI(i) * K + d, -x0, -x1, d + 1 < K);
+    if (i < n && d < K) st2f(w.dW + r0 * K + (i * RK + d), -x0, -x1, d + 1 < K);
   };
   auto dki_out = [&](int i, int d, float x0, float x1) {
-    if (i < n && d < K) st2f(w.dKi + ROWI(i) * K + d, x0, x1, d + 1 < K);
+    if (i < n && d < K) st2f(w.dKi + r0 * K + (i * RK + d), x0, x1, d + 1 < K);
   };
   PH_INIT(3);
   if constexpr (!PR) {
@@ -199,7 +204,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
      * stages neither */
     auto da_out = [&](int i, int j, float x0, float x1) {
       auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-      if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
+      if (i < n) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
     };
     mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{Vn, VB, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
   } else {
@@ -335,6 +340,8 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if (!n) return;
   int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
+  const int64_t r0 = ROWI(0);                      /* the epilogues' rows at 32-bit offsets from it */
+  const int RK = (int)(HV * K), RV = (int)(HV * V), RC = (int)HV * C;
   int U = C * VS > 2 * C * CS ? C * VS : 2 * C * CS;   /* the Vn / dM, X region */
   if (CM) U = VS > CS ? C * VS : C * CS;           /* CM: Vn / dM, then M^T */
   float *Ms = sm, *dM = Ms + C * CS, *X = dM + C * CS, *dVs = dM + U, *dWs = dVs + C * VS,
@@ -373,7 +380,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   if constexpr (PR) {   /* dA = s tril(dO Vn^T): dO exact in tf32, Vn split */
     auto da_out = [&](int i, int j, float x0, float x1) {
       auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-      if (i < n) st2f(w.dA + ROWI(i) * C + j, v(j, x0), v(j + 1, x1), true);
+      if (i < n) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
     };
     mma_blk4<P_3TF32A>(C, C, V16, [&](int i, int c) { return f(dO[i * VB + c]); },
                        [&](int c, int j) { return VnF[j * VS + c]; }, pairs2(da_out));
@@ -431,7 +438,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   auto xb = [&](int m, int j) { return X[m * CS + j]; };
   auto dl_v = [&](int i, int j, float x) { return j < i ? -x : 0.f; };
   auto dl_out = [&](int i, int j, float x0, float x1) {
-    if (i < n) st2f(w.dL + ROWI(i) * C + j, dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
+    if (i < n) st2f(w.dL + r0 * C + (i * RC + j), dl_v(i, j, x0), dl_v(i, j + 1, x1), true);
   };
   if constexpr (PR) mma_blk4<PT>(C, C, C, [&](int i, int m) { return Ms[m * CS + i]; }, xb, pairs2(dl_out));
   else mma_tf<NPB>(C, C, C, tft{MsT, CS}, xb, pairs2(dl_out));
@@ -448,7 +455,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   /* dv = b (M^T dVn) (tf32); a thread's two adjacent outputs in one store (V may be odd) */
   auto dvb = [&](int i, int c) { return dVs[i * VS + c]; };
   auto dv_out = [&](int j, int c, float x0, float x1) {
-    if (j < n && c < V) st2b((bf16 *)dv + ROWI(j) * V + c, bs[j] * x0, bs[j] * x1, c + 1 < V);
+    if (j < n && c < V) st2b((bf16 *)dv + r0 * V + (j * RV + c), bs[j] * x0, bs[j] * x1, c + 1 < V);
   };
   auto dv_e4 = [&](int j, int c, float x0, float x1, float x2, float x3) {   /* v's pads are zero */
     dv_out(j, c, x0, x1), dv_out(j + 8, c, x2, x3);
@@ -461,7 +468,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   /* dKb = M^T dW (tf32) */
   auto dwb = [&](int i, int d) { return dWs[i * KS + d]; };
   auto dkb_out = [&](int j, int d, float x0, float x1) {
-    if (j < n && d < K) st2f(w.dKb + ROWI(j) * K + d, x0, x1, d + 1 < K);
+    if (j < n && d < K) st2f(w.dKb + r0 * K + (j * RK + d), x0, x1, d + 1 < K);
   };
   if constexpr (PR) mma_blk4<PT>(C, K16, C, [&](int j, int i) { return Ms[i * CS + j]; }, dwb, pairs2(dkb_out));
   else mma_tf<NPB>(C, K16, C, tft{MsT, CS}, dwb, pairs2(dkb_out));
@@ -572,9 +579,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
-  const int RS = (int)(HV * K);
+  const int RS = (int)(HV * K), RC = (int)HV * C;
   const int64_t g0 = ROWI(0) * K;
   float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
+  const float *dA0 = w.dA + ROWI(0) * C, *dL0 = w.dL + ROWI(0) * C;
   PH_INIT(5);
   float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
@@ -589,7 +597,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       for (int e = tid; e < C * C; e += BT) {
         int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
         bool ok = i < n;
-        cp_async4(dAs + r * CS + c, ok ? (c <= r ? w.dA + ROWI(r) * C + c : w.dL + ROWI(i) * C + c - r - 1) : w.dA, ok);
+        cp_async4(dAs + r * CS + c, ok ? (c <= r ? dA0 + (r * RC + c) : dL0 + (i * RC + c - r - 1)) : w.dA, ok);
       }
     else {
       cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
@@ -912,13 +920,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     acc = kc_warp_sum(acc);
     if (!lane) dbi[i] = acc;
     if (dk_out) {
+      const int gi0 = i * RS;
       float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         int d = lane + 32 * u;
         if (d >= K) break;
-        stb(dk_out, ROWI(i) * K + d, p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
-        stb(dq_out, ROWI(i) * K + d, p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
+        stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
+        stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
       }
     }
   }
