@@ -513,8 +513,10 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
  * forms its own first token and rows (chunk_of) instead of reading them, so that no kernel of
  * its own runs ahead of this one for the table. H200 (2026-12-03s33c, s34a): see front.
  * CM ? 2 : 1: the compact form exists to run two blocks of 512 an SM, so 64 registers a thread;
- * the inverse's strips (tril_level) took ptxas to 67 without the bound (one block an SM); held
- * to 64 it spills nothing (the phase-timed build spills there: its compact counts run slower) */
+ * the inverse's strips (tril_level) took ptxas to 67 without the bound (one block an SM). Held
+ * to 64 it spilled nothing at fb537d7; with the 32-bit store offsets (394078f) 4 / 36 bytes, the
+ * kernel 31.3 us at (8,512,4,64) either way (the phase-timed build spills more: its counts there
+ * run slower) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri, int tab) {
   if (tab && blockIdx.x == gridDim.x - 1) {

@@ -144,10 +144,9 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8;
   /* each epilogue stores a row's two adjacent outputs at once (pairs2; K may be odd: st2f then
-   * stores them one by one), at 32-bit offsets from the chunk's first row (as k_intra_tc's;
-   * here and in the mat kernels: H200, one round, 2026-12-04s39h, fwd+bwd 2.957 -> 2.951 ms at
-   * (8,2048,16,128), 1.815 -> 1.808 at (1,8192,16,128), in a graph 0.435 -> 0.433 and 0.134 ->
-   * 0.133 at the small shapes: within a round's spread, kept for one way of addressing rows) */
+   * stores them one by one), at 32-bit offsets from the chunk's first row as k_intra_tc's (here
+   * and in the mat kernels within a round's spread, 2026-12-04s39h: kept for one way of
+   * addressing rows) */
   const int64_t r0 = ROWI(0);
   const int RK = (int)(HV * K), RC = (int)HV * C;
   auto dq_out = [&](int i, int d, float x0, float x1) {
