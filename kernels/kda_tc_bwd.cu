@@ -143,10 +143,8 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
   if (!n) return;
   int64_t t0 = ct[1], K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VS = V16 + 4, VB = V16 + 8;
-  /* each epilogue stores a row's two adjacent outputs at once (pairs2; K may be odd: st2f then
-   * stores them one by one), at 32-bit offsets from the chunk's first row as k_intra_tc's (here
-   * and in the mat kernels within a round's spread, 2026-12-04s39h: kept for one way of
-   * addressing rows) */
+  /* each epilogue stores a row's two adjacent outputs at once (pairs2; st2f one by one where K
+   * is odd), at 32-bit row offsets as k_intra_tc's (a wash here, s39h: one way to address rows) */
   const int64_t r0 = ROWI(0);
   const int RK = (int)(HV * K), RC = (int)HV * C;
   auto dq_out = [&](int i, int d, float x0, float x1) {
