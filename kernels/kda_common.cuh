@@ -268,6 +268,15 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * backward"); the host picks it when those gradients are asked for (kda_cuda.cu). */
 #define BVT 32                      /* V columns per version-2 state-pass block */
 #define BVN 16                      /* the _db passes' when they run alone on a small grid (kda_cuda.cu state_bv) */
+/* Tile sets of a _db pass: three, each staged two steps ahead, in the lone 16-column passes at
+ * the compiled K = 64 (134 KiB), else two (K = 128's three, 215 KiB, would fit, but no bench
+ * shape runs them; the run-time forms take any K). Why: at (8,512,4,64) the idle warps' copies
+ * of a set (~38 KB) take ~1.4k cycles, as long as the step's products beside them, and a set
+ * staged one step ahead was still landing at the next step's top (that wait ~0.95k cycles a
+ * step; phase counters, 2026-12-04s39b, s41b). H200, one run, three rounds against main
+ * (2026-12-04s41d): fwd+bwd (8,512,4,64) in a graph 0.131 -> 0.129 ms; every other kernel
+ * byte-identical. */
+static inline __host__ __device__ constexpr int db_sets(int kv, int nv) { return kv == 64 && nv == BVN ? 3 : 2; }
 #define BVW 64                      /* the wide state passes' (kda_state_wide.cu) */
 #define NTW 256                     /* their threads */
 /* Phase timers (profiling builds only: -DKDA_PHASES, benches/kda_gpu.sh's kda_bench_phases).
@@ -310,8 +319,8 @@ size_t smem_intra_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_intra_vtile(int64_t C, int64_t V);
 size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_state_tc(int64_t C, int64_t K, int prec, int bv = BVT);
-size_t smem_state_tc_db(int64_t C, int64_t K, int bv = BVT);
-size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv = BVT);
+size_t smem_state_tc_db(int64_t C, int64_t K, int bv = BVT, int ns = 2);
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv = BVT, int ns = 2);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn, int dvf);

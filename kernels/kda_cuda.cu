@@ -708,8 +708,8 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     }
     if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
     if (use_state_db(a, smd)) {
-      int bv = state_bv(a, smem_state_tc_db(a->chunk, a->K, BVN));
-      size_t smb = smem_state_tc_db(a->chunk, a->K, bv);
+      int bv = state_bv(a, smem_state_tc_db(a->chunk, a->K, BVN, db_sets(kv, BVN)));
+      size_t smb = smem_state_tc_db(a->chunk, a->K, bv, db_sets(kv, bv));
       auto kern = k_state_fwd_tc_pick(ST_DB, kv, bv);
       if (smem_opt_in((const void *)kern, smb, a, op, "k_state_fwd_tc_db")) return -1;
       kern<<<state_grid(a, bv), chunk_threads(a, "state_fwd", NTC), smb, st>>>(p, w, h0, o, ht);
@@ -803,8 +803,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       kf<<<nb, NTC, smf, st>>>(p, dout, w, dht, dh0, lay, ns, nz, w.flow + 1 + NTu * a->HV);
       LAUNCH_OK("k_bwd_flow", "kda_kda_cuda_backward");
     } else if (!prec && kept && use_state_db(a, smd)) {   /* the kept fast reverse sweep, two tile sets */
-      int bv = state_bv(a, smem_state_bwd_tc_db(a->chunk, a->K, BVN));
-      size_t smb = smem_state_bwd_tc_db(a->chunk, a->K, bv);
+      int bv = state_bv(a, smem_state_bwd_tc_db(a->chunk, a->K, BVN, db_sets(kv, BVN)));
+      size_t smb = smem_state_bwd_tc_db(a->chunk, a->K, bv, db_sets(kv, bv));
       auto kdb = k_state_bwd_tc_db_pick(kv, bv);
       if (smem_opt_in((const void *)kdb, smb, a, op, "k_state_bwd_tc_db")) return -1;
       kdb<<<state_grid(a, bv), chunk_threads(a, "state_bwd", NTC), smb, st>>>(p, w, dout, dht, dh0);

@@ -362,6 +362,15 @@ static __device__ __forceinline__ st_tiles<sbf> st_carve_db(const kp &p, const s
   else s.dO = s.A + p.C * t.CB;
   return s;
 }
+/* a third set (db_sets), after the second set s, in its layout */
+static __device__ __forceinline__ st_tiles<sbf> st_carve_next(const kp &p, const st_tiles<sbf> &s, bool fwd) {
+  st_tiles<sbf> n = s;
+  n.W = fwd ? (sbf *)(s.Vn + p.C * s.SB) : s.dO + p.C * s.DB;
+  n.qg = n.W + p.C * s.KB, n.kg = n.qg + p.C * s.KB, n.A = n.kg + p.C * s.KB;
+  if (fwd) n.Vn = (float *)(n.A + p.C * s.CB);
+  else n.dO = n.A + p.C * s.CB;
+  return n;
+}
 
 
 /* the flow kernels' handshake (k_fwd_flow, k_bwd_flow): a producer block, after a
@@ -389,10 +398,11 @@ static __device__ __forceinline__ void flow_wait(const ws &w, int ci, int64_t h,
 
 /* The reverse sweep of a kept fast backward with a second set of chunk tiles (Aqk, kg, s qg,
  * W, dO: smem_state_bwd_tc_db), for grids of at most one block an SM, as k_state_fwd_tc_db:
- * chunk ci - 1's whole set is staged during step ci. Same products in the same order as
+ * chunk ci - 1's whole set is staged during step ci (NS = 3, db_sets: chunk ci - 2's, in a third
+ * set). Same products in the same order as
  * k_state_bwd_tc's reverse sweep. With k_state_fwd_tc_db, fwd+bwd on the H200 (against
  * KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 3.813 -> 3.665 ms, (8,512,4,64) 0.260 -> 0.253. */
-template <int KV, int NV = BVT>
+template <int KV, int NV = BVT, int NS = 2>
 static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout, const float *dht, float *dh0,
                                                     int64_t blk, int *fb) {
   extern __shared__ __align__(16) float sm[];
@@ -401,20 +411,27 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
   const int64_t h = b.h, c0 = b.c0, K = p.K, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm), t1s = st_carve_db(p, t0s, false);
+  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm), t1s = st_carve_db(p, t0s, false),
+                      t2s = NS == 3 ? st_carve_next(p, t1s, false) : t1s;
   PH_INIT(2);
   st_ld<NV>(p, dht, b.sbase, c0, t0s);             /* t.S now holds dS (§4.2) */
   constexpr int ALL = SG_A | SG_KG | SG_QG | SG_W | SG_DO;
   const st_idle ig = st_idle_of<NV>(p);
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * (cl - 1) + 1], w.ctab[4 * (cl - 1) + 2], h, c0, dout, ALL);
   cp_async_commit();
+  if constexpr (NS == 3) {                         /* chunk cl - 2 too: each step stages two ahead */
+    if (cl - 2 >= cf) st_stage(p, w, t1s, w.ctab[4 * (cl - 2) + 1], w.ctab[4 * (cl - 2) + 2], h, c0, dout, ALL);
+    cp_async_commit();
+  }
+  /* step ci with set t, staging chunk ci - (NS - 1) into set tn */
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
     int64_t t0 = w.ctab[4 * ci + 1];
     float *dvn0 = w.dvn + (t0 * HV + h) * V + c0;       /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     /* chunk ci's set (staged a step ahead) waited for before the one barrier that also ends
      * step ci + 1's use of tn's tiles, dS, Vb, en */
-    cp_async_wait_all();
+    if constexpr (NS == 3) cp_async_wait_group<1>();   /* chunk ci - 1's set may fly */
+    else cp_async_wait_all();
     __syncthreads();
     if (ci + 1 < cl) flow_signal(fb, ci + 1, h, HV);   /* chunk ci + 1's dS, dVn are written */
     st_glast gl = st_glast_load(p, w, t0, m, h);
@@ -422,7 +439,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
     if (ig.me) {                                   /* beside dVn (ig: st_idle_of) */
       st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
-      if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL, ig.tid, ig.nth);
+      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * ci - 4 * NS + 5], w.ctab[4 * ci - 4 * NS + 6], h, c0, dout, ALL, ig.tid, ig.nth);
     }
     mma_ldm(p.C, NV, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
@@ -434,7 +451,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
      * pass at (8,512,4,64) unchanged (23.8 us) */
     if (!ig.on) {
       st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-      if (ci > cf) st_stage(p, w, tn, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, dout, ALL);
+      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * ci - 4 * NS + 5], w.ctab[4 * ci - 4 * NS + 6], h, c0, dout, ALL);
     }
     cp_async_commit();
     st_en_store(p, t, gl);
@@ -445,10 +462,17 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
             pairs2([&](int d, int c, float x0, float x1) { st_s_upd2(t, d, c, x0, x1); }));
     PH(5);
   };
-  for (int ci = cl - 1; ci >= cf; ci -= 2) {
-    step(t0s, t1s, ci);
-    if (ci - 1 >= cf) step(t1s, t0s, ci - 1);
-  }
+  if constexpr (NS == 3)
+    for (int ci = cl - 1; ci >= cf; ci -= 3) {
+      step(t0s, t2s, ci);
+      if (ci - 1 >= cf) step(t1s, t0s, ci - 1);
+      if (ci - 2 >= cf) step(t2s, t1s, ci - 2);
+    }
+  else
+    for (int ci = cl - 1; ci >= cf; ci -= 2) {
+      step(t0s, t1s, ci);
+      if (ci - 1 >= cf) step(t1s, t0s, ci - 1);
+    }
   __syncthreads();
   if (cf < cl) flow_signal(fb, cf, h, HV);
   if (dh0) st_st<NV>(p, dh0, b.sbase, c0, t0s);

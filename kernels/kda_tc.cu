@@ -606,17 +606,18 @@ __global__ void __launch_bounds__(NT, 2) k_state_fwd_tc(kp p, ws w, const float 
 
 /* The same pass with a second set of chunk tiles (W, s qg, kg, Aqk and U: smem_state_tc_db),
  * for grids of at most one block an SM (the long sequences' few heads, small batches): every
- * tile of chunk ci + 1 is staged during step ci, a step ahead of its use, where
+ * tile of chunk ci + 1 is staged during step ci, a step ahead of its use (NS = 3, db_sets:
+ * chunk ci + 2's, two steps ahead, in a third set), where
  * k_state_fwd_tc's single set can issue each part only a product ahead (its waits were 21% of
  * its cycles at (8,2048,16,128)). S, its shadow, Vn's shadow and e^{G_last} stay single. Same
  * products in the same order: the same bytes as k_state_fwd_tc. Measured on the H200 (fwd,
  * against KDA_KDA_STATE_DB=0 in one run): (1,8192,16,128) 1.295 -> 1.228 ms, (8,512,4,64)
  * 0.088 -> 0.084. */
-size_t smem_state_tc_db(int64_t C, int64_t K, int bv) {   /* without the first set's dO tile (st_carve) */
+size_t smem_state_tc_db(int64_t C, int64_t K, int bv, int ns) {   /* without the first set's dO tile (st_carve) */
   int64_t KB = r16(K) + 8, CB = C + 8, SB = bv + 4, DB = bv + 8;
-  return smem_state_tc(C, K, 0, bv) - (size_t)C * DB * 2 + (size_t)(3 * C * KB + C * CB) * 2 + (size_t)C * SB * 4;
+  return smem_state_tc(C, K, 0, bv) - (size_t)C * DB * 2 + (size_t)(ns - 1) * ((3 * C * KB + C * CB) * 2 + C * SB * 4);
 }
-template <int KV, int NV = BVT>
+template <int KV, int NV = BVT, int NS = 2>
 static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0, void *o, float *ht, int64_t blk,
                                                     bool flow) {
   extern __shared__ __align__(16) float sm[];
@@ -625,7 +626,8 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV, K = p.K;
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
-  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm, false), t1s = st_carve_db(p, t0s, true);
+  const st_tiles<sbf> t0s = st_carve<sbf, NV>(p, sm, false), t1s = st_carve_db(p, t0s, true),
+                      t2s = NS == 3 ? st_carve_next(p, t1s, true) : t1s;
   PH_INIT(1);
   st_ld<NV>(p, h0, b.sbase, c0, t0s);
   constexpr int ALL = SG_W | SG_QG | SG_A | SG_KG | SG_U;
@@ -634,16 +636,21 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
   __syncthreads();
   if (cf < cl) st_stage(p, w, t0s, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, ALL);
   cp_async_commit();
-  /* one chunk step with set t, staging chunk ci + 1 into set tn (the loop below alternates the
-   * two with fixed roles, so the sets' pointers stay in registers) */
+  if constexpr (NS == 3) {                         /* chunk cf + 1 too: each step stages two ahead */
+    if (cf + 1 < cl) st_stage(p, w, t1s, w.ctab[4 * cf + 5], w.ctab[4 * cf + 6], h, c0, nullptr, ALL);
+    cp_async_commit();
+  }
+  /* one chunk step with set t, staging chunk ci + NS - 1 into set tn (the loops below
+   * rotate the sets with fixed roles, so the sets' pointers stay in registers) */
   auto step = [&](const st_tiles<sbf> &t, const st_tiles<sbf> &tn, int ci) {
     int64_t t0 = w.ctab[4 * ci + 1];
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
-    if (ci + 1 < cl) flow_wait(w, ci + 1, h, HV, flow);
+    if (ci + NS - 1 < cl) flow_wait(w, ci + NS - 1, h, HV, flow);
     __syncthreads();                               /* step ci - 1 done with tn's tiles, S, Vb, en */
     st_glast gl = st_glast_load(p, w, t0, m, h);
-    cp_async_wait_all();                           /* chunk ci's set */
+    if constexpr (NS == 3) cp_async_wait_group<1>();   /* chunk ci's set (ci + 1's may fly) */
+    else cp_async_wait_all();                      /* chunk ci's set */
     __syncthreads();
     PH(0);
     /* ig (st_idle_of): the warps Vn and o leave idle store the kept S and issue the next
@@ -653,7 +660,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     PH(1);
     if (ig.me) {
       if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
-      if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL, ig.tid, ig.nth);
+      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 4 * NS - 3], w.ctab[4 * ci + 4 * NS - 2], h, c0, nullptr, ALL, ig.tid, ig.nth);
     }
     mma_ldm(p.C, NV, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
@@ -667,7 +674,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
      * (1,8192,16,128) unchanged */
     if (!ig.on) {
       if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
-      if (ci + 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, ALL);
+      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 4 * NS - 3], w.ctab[4 * ci + 4 * NS - 2], h, c0, nullptr, ALL);
     }
     cp_async_commit();
     st_en_store(p, t, gl);
@@ -676,16 +683,23 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     st_upd_tc<P_BF16, NV>(p, t);
     PH(3);
   };
-  for (int ci = cf; ci < cl; ci += 2) {
-    step(t0s, t1s, ci);
-    if (ci + 1 < cl) step(t1s, t0s, ci + 1);
-  }
+  if constexpr (NS == 3)
+    for (int ci = cf; ci < cl; ci += 3) {
+      step(t0s, t2s, ci);
+      if (ci + 1 < cl) step(t1s, t0s, ci + 1);
+      if (ci + 2 < cl) step(t2s, t1s, ci + 2);
+    }
+  else
+    for (int ci = cf; ci < cl; ci += 2) {
+      step(t0s, t1s, ci);
+      if (ci + 1 < cl) step(t1s, t0s, ci + 1);
+    }
   __syncthreads();
   if (ht) st_st<NV>(p, ht, b.sbase, c0, t0s);
 }
 template <int KV, int NV = BVT>
 __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const float *h0, void *o, float *ht) {
-  state_fwd_db<KV, NV>(p, w, h0, o, ht, blockIdx.x, false);
+  state_fwd_db<KV, NV, db_sets(KV, NV)>(p, w, h0, o, ht, blockIdx.x, false);
 }
 
 /* The forward's two kernels as one grid, for the grids k_state_fwd_tc_db serves (a block an

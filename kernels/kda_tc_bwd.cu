@@ -247,14 +247,14 @@ rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
 }
 
 /* ---- the kept fast reverse sweep with two tile sets, alone and with the rows kernel -------- */
-size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv) {
+size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv, int ns) {
   int64_t KB = r16(K) + 8, CB = C + 8, DB = bv + 8;
-  return smem_state_tc(C, K, 0, bv) + (size_t)(3 * C * KB + C * CB + C * DB) * 2;
+  return smem_state_tc(C, K, 0, bv) + (size_t)(ns - 1) * (3 * C * KB + C * CB + C * DB) * 2;
 }
 template <int KV, int NV = BVT>
 __global__ void __launch_bounds__(NTC, 1) k_state_bwd_tc_db(kp p, ws w, const void *dout, const float *dht,
                                                            float *dh0) {
-  state_bwd_db<KV, NV>(p, w, dout, dht, dh0, blockIdx.x, nullptr);
+  state_bwd_db<KV, NV, db_sets(KV, NV)>(p, w, dout, dht, dh0, blockIdx.x, nullptr);
 }
 state_bwd_db_fn k_state_bwd_tc_db_pick(int kv, int bv) {
   static const state_bwd_db_fn t[2][3] = {KV_SLOTS1(k_state_bwd_tc_db),

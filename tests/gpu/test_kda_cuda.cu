@@ -367,8 +367,9 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
-     * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave) against 32
-     * (=32): a kept forward and its backward, the same bytes */
+     * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
+     * K = 64 with a third tile set, db_sets) against 32 (=32): a kept forward and its backward,
+     * the same bytes */
     if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && !pk && !rc) {
       std::vector<std::vector<char>> got[2];
       const char *fe = getenv("KDA_KDA_FLOW");
