@@ -5,7 +5,7 @@
  * Why: k_bwd_mat_tc stages every operand at once (~200 KB at K = V = 128) and so runs one block
  * an SM, whose staging waits and barrier-bound products nothing else on the SM overlaps (its
  * staging ~20% of its cycles). The rows kernel went from 30.2k to 16.7k cycles a block an SM
- * when its tiles fit two blocks (docs/kda.md, thirteenth pass). Here the operands come in three
+ * when its tiles fit two blocks (docs/kda_passes.md, thirteenth pass). Here the operands come in three
  * rounds through one region R: (1) dVn and v (with M), for dM's V part and dv; (2) and (3) the
  * two 64-column halves of dW and Kb, for dM's K part and dKb's halves; X then takes R. The
  * other block on the SM computes while a block waits for a round. 105.5 KB at C = 64. H200, one

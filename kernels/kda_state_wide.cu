@@ -5,7 +5,7 @@
  *
  * Why: a 32-column step's products are small (Vn and o 64 x 32: eight 16 x 16 tiles, half of
  * the 16 warps idle) and its time is barriers, staging and shared-memory latency rather than
- * MMAs (docs/kda.md, thirteenth pass: shorter MMA chains made the steps no faster). At 64
+ * MMAs (docs/kda_passes.md, thirteenth pass: shorter MMA chains made the steps no faster). At 64
  * columns a step does twice the work with the same barriers and the same staged chunk tiles
  * (W, s qg, kg, Aqk: every block of a head reads them all), so a grid of half the blocks does
  * the pass. The fp32 state is what did not fit: at 64 columns the narrow layout is 139 KB at

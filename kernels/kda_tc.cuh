@@ -130,7 +130,8 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
  *   - tf32 m16n8k8 where fla keeps fp32 operands: the factored off-diagonal blocks of Aqk, L
  *     and of the intra backward, and the dL = -M^T (dM M^T) chain (KDA.md §4.3 "must not be
  *     rounded to bf16"); also W = M Kb, U = M bV (k_intra_tc) and dM, M^T dVn, M^T dW
- *     (k_bwd_mat_tc): see the comments there (dbeta cancellation, docs/kda.md);
+ *     (k_bwd_mat_tc): see the comments there (dbeta cancellation: docs/kda_passes.md,
+ *     "precision fixes");
  *   - the 16-row sub-chunk trick (KDA.md §3.3 item 2): an off-diagonal 16x16 block (I > J) is
  *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
  *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
