@@ -275,8 +275,9 @@ __global__ void k_decode(kp p, const void *q, const void *k, const void *v, cons
  * staged one step ahead was still landing at the next step's top (that wait ~0.95k cycles a
  * step; phase counters, 2026-12-04s39b, s41b). H200, one run, three rounds against main
  * (2026-12-04s41d): fwd+bwd (8,512,4,64) in a graph 0.131 -> 0.129 ms; every other kernel
- * byte-identical. The _db passes need the 32-column two-set layout to fit first (use_state_db:
- * 109 KiB at K = 64), so a GPU with room for that (sm_80's 163 KB) has room for these too. */
+ * byte-identical. Smaller GPUs: the _db passes need the 32-column two-set layout (109 KiB at
+ * K = 64) to fit first (use_state_db), which 99 KB parts (sm_86, sm_89) lack; 163 KB (sm_80)
+ * and 227 KB (sm_90) hold both; a limit in between would run 32 columns (state_bv). */
 static inline __host__ __device__ constexpr int db_sets(int kv, int nv) { return kv == 64 && nv == BVN ? 3 : 2; }
 #define BVW 64                      /* the wide state passes' (kda_state_wide.cu) */
 #define NTW 256                     /* their threads */
