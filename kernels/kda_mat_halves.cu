@@ -5,11 +5,12 @@
  * Why: k_bwd_mat_tc stages every operand at once (~200 KB at K = V = 128) and so runs one block
  * an SM, whose staging waits and barrier-bound products nothing else on the SM overlaps (its
  * staging ~20% of its cycles). The rows kernel went from 30.2k to 16.7k cycles a block an SM
- * when its tiles fit two blocks (docs/kda_passes.md, thirteenth pass). Here the operands come in three
- * rounds through one region R: (1) dVn and v (with M), for dM's V part and dv; (2) and (3) the
- * two 64-column halves of dW and Kb, for dM's K part and dKb's halves; X then takes R. The
- * other block on the SM computes while a block waits for a round. 105.5 KB at C = 64. H200, one
- * run, two rounds (2026-12-02s30a), against k_bwd_mat_tc (dA in the rows kernel in both):
+ * when its tiles fit two blocks (docs/kda_passes.md, thirteenth pass). Here the operands come
+ * in three rounds through one region R: (1) dVn and v (with M), for dM's V part and dv; (2)
+ * and (3) the two 64-column halves of dW and Kb, for dM's K part and dKb's halves; X then
+ * takes R. The other block on the SM computes while a block waits for a round. 105.5 KB at
+ * C = 64. H200, one run, two rounds (2026-12-02s30a), against k_bwd_mat_tc (dA in the rows
+ * kernel in both):
  * fwd+bwd (8,2048,16,128) 3.081-3.111 -> 3.013-3.018 ms, (1,8192,16,128) 1.986-2.003 ->
  * 1.930-1.943; this kernel 578 us there (ncu, alone; k_bwd_mat_tc with dA 690-713 in s29). dA
  * costs the rows kernel ~50 us there, less than summing it here over the dW / Kb rounds did

@@ -439,7 +439,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn kept in the shadow Vb for the dS update */
     if (ig.me) {                                   /* beside dVn (ig: st_idle_of) */
       st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
-      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * ci - 4 * NS + 5], w.ctab[4 * ci - 4 * NS + 6], h, c0, dout, ALL, ig.tid, ig.nth);
+      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * (ci - NS + 1) + 1], w.ctab[4 * (ci - NS + 1) + 2], h, c0, dout, ALL, ig.tid, ig.nth);
     }
     mma_ldm(p.C, NV, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
             pairs2([&](int r, int c, float x0, float x1) { st_dvn(t, r, c, x0, x1, m, c0 + c < V, c0 + c + 1 < V, dvn0 + r * HVV + c, nullptr); }));
@@ -451,7 +451,7 @@ static __device__ __forceinline__ void state_bwd_db(kp p, ws w, const void *dout
      * pass at (8,512,4,64) unchanged (23.8 us) */
     if (!ig.on) {
       st_keep(p, w.dh, (int64_t)ci * HV * K * V + h * K * V, c0, t);
-      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * ci - 4 * NS + 5], w.ctab[4 * ci - 4 * NS + 6], h, c0, dout, ALL);
+      if (ci > cf + NS - 2) st_stage(p, w, tn, w.ctab[4 * (ci - NS + 1) + 1], w.ctab[4 * (ci - NS + 1) + 2], h, c0, dout, ALL);
     }
     cp_async_commit();
     st_en_store(p, t, gl);

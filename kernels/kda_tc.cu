@@ -660,7 +660,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
     PH(1);
     if (ig.me) {
       if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t, ig.tid, ig.nth);
-      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 4 * NS - 3], w.ctab[4 * ci + 4 * NS - 2], h, c0, nullptr, ALL, ig.tid, ig.nth);
+      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * (ci + NS - 1) + 1], w.ctab[4 * (ci + NS - 1) + 2], h, c0, nullptr, ALL, ig.tid, ig.nth);
     }
     mma_ldm(p.C, NV, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
             pairs2([&](int r, int c, float x0, float x1) {
@@ -674,7 +674,7 @@ static __device__ __forceinline__ void state_fwd_db(kp p, ws w, const float *h0,
      * (1,8192,16,128) unchanged */
     if (!ig.on) {
       if (w.h) st_keep(p, w.h, (int64_t)ci * HV * K * V + h * K * V, c0, t);   /* kept */
-      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * ci + 4 * NS - 3], w.ctab[4 * ci + 4 * NS - 2], h, c0, nullptr, ALL);
+      if (ci + NS - 1 < cl) st_stage(p, w, tn, w.ctab[4 * (ci + NS - 1) + 1], w.ctab[4 * (ci + NS - 1) + 2], h, c0, nullptr, ALL);
     }
     cp_async_commit();
     st_en_store(p, t, gl);
