@@ -29,7 +29,7 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   ( obj kda_tc_bwd && nv -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o" && obj kda_ops &&
     obj kda_mat_halves && nv -DKDA_PHASES -c kernels/kda_mat_halves.cu -o "$B/kda_mat_halves_phases.o" ) & s1=$!
   ( obj kda_tc && nv -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o" && obj kda_cuda && obj kda_v1 &&
-    obj kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
+    obj kda_state_wide && nv -DKDA_PHASES -c kernels/kda_state_wide.cu -o "$B/kda_state_wide_phases.o" && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
     gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
   ok=0; wait $s1 || ok=1; wait $s2 || ok=1
   for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_state_wide kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
@@ -40,7 +40,8 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   nv tests/gpu/test_kda_cuda.cu $O $F "$B/kda_ops.o" "$B/cpu_kda.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda" & s1=$!
   nv benches/kda_bench.cu $O $F -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
-  nv benches/kda_bench.cu $O "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
+  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_ref.o $B/util.o"
+  nv benches/kda_bench.cu $OP "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
   wait $s1
 fi
 if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then
