@@ -466,18 +466,16 @@ static int use_wide(const kda_kda_args *a, int kv) {
 }
 /* The wide forward pass on warpgroup MMAs (kda_state_wg.cu: sm_90a, K = V = 128, chunk 64)
  * instead of k_state_fwd_tc_wide, where that one runs: KDA_KDA_WG=1 (read per call; off by
- * default until measured: test_kda_cuda holds it to the CPU reference). Returns the kernel's
- * MN form + 1 (KDA_KDA_WG_MN=0: the MN-major descriptor's offsets the other way round,
- * tests/gpu/test_wgmma.cu), 0 when it does not run. */
-static int use_wg(const kda_kda_args *a, int kv) {
-  const char *e = getenv("KDA_KDA_WG"), *mn = getenv("KDA_KDA_WG_MN");
+ * default until measured: test_kda_cuda holds it to the CPU reference) */
+static int use_wg(int kv) {
+  const char *e = getenv("KDA_KDA_WG");
   if (kv != 128 || !e || strcmp(e, "1") != 0) return 0;
   int dev, maj = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return maj == 9 ? 1 + !(mn && strcmp(mn, "0") == 0) : 0;
+  return maj == 9;
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -690,9 +688,9 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_wide(a, kv)) {
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
-      if (int wg = use_wg(a, kv)) {
+      if (use_wg(kv)) {
         size_t smg = smem_state_wg();
-        auto kern = k_state_fwd_tc_wg_pick(wg - 1);
+        auto kern = k_state_fwd_tc_wg_ptr();
         if (smem_opt_in((const void *)kern, smg, a, op, "k_state_fwd_tc_wg")) return -1;
         kern<<<state_grid(a, BVW), NTW, smg, st>>>(p, w, h0, o, ht);
         LAUNCH_OK("k_state_fwd_tc_wg", "kda_kda_cuda_forward");

@@ -28,23 +28,26 @@
 #include "kda_wgmma.cuh"
 
 enum { WG_K = 128, WG_C = 64, WG_SB = BVW + 4 };
-#define WG_KSTEP 1ull   /* a K-major descriptor's address field per k (16 k: 256 bytes, 16 units) */
-/* bytes of the layout (blocked bf16 tiles, then U fp32 [C][SB], then en [K]) */
+/* bytes of the layout (the swizzled bf16 tiles from a 1024-byte aligned base, then U fp32
+ * [C][SB], then en [K]), with the alignment's slack */
 size_t smem_state_wg(void) {
-  return (size_t)(3 * WG_C * WG_K + WG_C * WG_C + BVW * WG_K + BVW * WG_C) * 2 + (size_t)WG_C * WG_SB * 4 + WG_K * 4;
+  return (size_t)(3 * WG_C * WG_K + WG_C * WG_C + BVW * WG_K + BVW * WG_C) * 2 + (size_t)WG_C * WG_SB * 4 + WG_K * 4 +
+         1024;
 }
+/* a K-major descriptor's step to column k0 (a multiple of 16) of a 64-row tile: within an atom
+ * 2 k0 bytes, each atom 8 KB; in the descriptor's 16-byte units */
+#define WG_KADV(k0) ((uint64_t)((((k0) >> 6) * 8192 + ((k0) & 63) * 2) >> 4))
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* cp.async of chunk rows [0, m) of a bf16 [rows][KD] global tile (row r at g + r gs) into the
- * blocked layout, zeros past m. Eight consecutive threads take one 16-byte column of eight
- * rows: one core matrix, 128 contiguous shared bytes (no bank conflicts); a warp reads 64
- * bytes of each of eight rows (whole sectors). */
+ * swizzled layout, zeros past m: consecutive threads take a row's consecutive 16-byte chunks
+ * (whole sectors in global memory; eight of them fill the 32 banks once, swizzled or not) */
 template <int R, int KD>
 static __device__ __forceinline__ void wg_stage(sbf *s, const sbf *g, int gs, int m) {
   for (int e = threadIdx.x; e < R * KD / 8; e += NTW) {
-    int r = ((e / KD) << 3) | (e & 7), kc = ((e >> 3) % (KD / 8)) << 3;
+    int r = e / (KD / 8), kc = (e % (KD / 8)) << 3;
     bool ok = r < m;
-    cp_async16(s + wg_off<KD>(r, kc), g + (ok ? r : 0) * gs + kc, ok);
+    cp_async16(s + wg_off<R>(r, kc), g + (ok ? r : 0) * gs + kc, ok);
   }
 }
 struct wg_tiles {
@@ -64,15 +67,12 @@ static __device__ __forceinline__ void wg_stage_parts(const kp &p, const ws &w, 
 }
 #endif
 
-/* MN: 1 when the MN-major descriptor's lbo is the n stride (tests/gpu/test_wgmma.cu says
- * which; the host picks the instantiation, kda_cuda.cu use_wg) */
-template <int MN>
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) float sm[];
+  extern __shared__ __align__(16) uint8_t raw[];
   kv_fix<WG_K, NTW>(p);
   constexpr int K = WG_K, C = WG_C;
-  sbf *W = (sbf *)sm, *qg = W + C * K, *kg = qg + C * K, *A = kg + C * K, *St = A + C * C, *Vt = St + BVW * K;
+  sbf *W = (sbf *)(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)), *qg = W + C * K, *kg = qg + C * K, *A = kg + C * K, *St = A + C * C, *Vt = St + BVW * K;
   float *U = (float *)(Vt + BVW * C), *en = U + C * WG_SB;
   const st_blk b = st_block(p, w, blockIdx.x, BVW);
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
@@ -83,12 +83,11 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
   st_tiles<sbf> tu = {};                          /* U's tile (st_stage's SG_U) and en (st_en_store) */
   tu.Vn = U, tu.en = en, tu.SB = WG_SB, tu.K16 = K, tu.bv = BVW;
   const wg_tiles tl = {W, qg, kg, A};
-  /* the operands' descriptors at k = 0 (a K-major tile's k step of 16 is two core matrices,
-   * 256 bytes: WG_KSTEP * k0 added to the descriptor's address field, in 16-byte units) */
-  const uint64_t dS = wg_desc(St, 128, 16 * K), dW = wg_desc(W + wg_off<K>(32 * g, 0), 128, 16 * K),
-                 dQ = wg_desc(qg + wg_off<K>(32 * g, 0), 128, 16 * K), dV = wg_desc(Vt, 128, 16 * C),
-                 dA = wg_desc(A + wg_off<C>(32 * g, 0), 128, 16 * C),
-                 dK = wg_desc(kg + wg_off<K>(0, 64 * g), MN ? 128 : 16 * K, MN ? 16 * K : 128);
+  /* the operands' descriptors at k = 0 (WG_KADV(k0) steps them along k); kg MN-major: atom g
+   * (its columns 64 g ..), eight rows 1024 bytes, sixteen 2048 (128 units) */
+  const uint64_t dS = wg_desc(St, 16, 1024), dW = wg_desc(W + wg_off<64>(32 * g, 0), 16, 1024),
+                 dQ = wg_desc(qg + wg_off<64>(32 * g, 0), 16, 1024), dV = wg_desc(Vt, 16, 1024),
+                 dA = wg_desc(A + wg_off<64>(32 * g, 0), 16, 1024), dK = wg_desc(kg + wg_off<64>(0, 64 * g), 8192, 1024);
   /* Sᵀ: s[4 j + q] = S[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
   float s[32];
 #pragma unroll
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int hq = 0; hq < 2; hq++)
-        *(__nv_bfloat162 *)(St + wg_off<K>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
+        *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
             __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
   };
   st_shadow();
@@ -133,7 +132,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     float x[16];
     wg_fence();
 #pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KSTEP * k0, dW + WG_KSTEP * k0, k0 > 0);
+    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dW + WG_KADV(k0), k0 > 0);
     wg_commit();
     wg_wait<0>();
     {
@@ -144,7 +143,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
         for (int hq = 0; hq < 2; hq++) {
           int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
           __nv_bfloat162 v = __floats2bfloat162_rn(U[i * WG_SB + n] - x[4 * j + 2 * hq], U[(i + 1) * WG_SB + n] - x[4 * j + 2 * hq + 1]);
-          *(__nv_bfloat162 *)(Vt + wg_off<C>(n, i)) = v;
+          *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = v;
           if (vn0) {
             if (i < m) vn0[i * HVV + n] = v.x;
             if (i + 1 < m) vn0[(i + 1) * HVV + n] = v.y;
@@ -164,11 +163,11 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
       for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
     wg_fence();
 #pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KSTEP * k0, dQ + WG_KSTEP * k0, k0 > 0);
+    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dQ + WG_KADV(k0), k0 > 0);
 #pragma unroll
-    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<0>(x, dV + WG_KSTEP * j0, dA + WG_KSTEP * j0, 1);
+    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<0>(x, dV + WG_KADV(j0), dA + WG_KADV(j0), 1);
 #pragma unroll
-    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n64k16<1>(s, dV + WG_KSTEP * j0, dK + (16 * K >> 4) * (j0 >> 3), 1);
+    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n64k16<1>(s, dV + WG_KADV(j0), dK + 8 * j0, 1);
     wg_commit();
     wg_wait<0>();
 #pragma unroll
@@ -194,5 +193,4 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
 #endif
 }
 
-/* MN as above */
-state_fwd_fn k_state_fwd_tc_wg_pick(int mn) { return mn ? k_state_fwd_tc_wg<1> : k_state_fwd_tc_wg<0>; }
+state_fwd_fn k_state_fwd_tc_wg_ptr(void) { return k_state_fwd_tc_wg; }

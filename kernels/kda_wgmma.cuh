@@ -9,31 +9,32 @@
  * t / 32, lane l) holds d[4 j + q] = D[16 wq + l / 4 + 8 (q / 2)][8 j + 2 (l % 4) + (q % 2)],
  * j < N / 8 (mma.m16n8's C fragment, one per 8 columns, warp wq on rows 16 wq ..).
  *
- * Layout (no swizzle): an operand tile of R rows (its M or N index) by KD columns (its k
- * index, contiguous: "K-major") is stored as 8 x 8 core matrices of 128 contiguous bytes (row
- * r % 8 at 16 (r % 8) bytes); core matrices adjacent in k 128 bytes apart, adjacent in r
- * 16 KD bytes apart (wg_off). A tile stored the other way round (its columns the operand's M
- * or N index, "MN-major": kg in the state update, B(k, n) = kg[k][n]) uses the same blocked
- * layout with the roles of its indices swapped, and the instruction's transpose bit.
- * Why no swizzle: a core matrix spans the 32 banks once, so the tensor cores' reads are
- * conflict-free without it, and every tile keeps one simple index rule for the cp.async
- * staging and the epilogues' stores. */
+ * Layout (the 128-byte swizzle): a tile of R rows by up to 128 columns, its columns the
+ * contiguous index, is stored as 64-column "atoms" one after the other (all R rows of columns
+ * 0-63, then of 64-127); in an atom row r is 128 bytes at 128 r, its 16-byte chunks permuted
+ * (chunk c at c ^ (r % 8)), as the hardware's 128-byte swizzle reads them from a 1024-byte
+ * aligned base. For a K-major operand (rows its M or N index, columns k) the descriptor's
+ * stride offset is 1024 bytes (eight rows) and its leading offset unused; for an MN-major one
+ * (rows k, columns its M or N index: kg in the state update, B(k, n) = kg[k][n], read with the
+ * transpose bit) the stride offset is again eight rows, 1024 bytes, the leading one the atom
+ * stride 128 R bytes. Why the swizzle: without it (8 x 8 core matrices of 128 contiguous
+ * bytes) the tensor cores' reads of a 64-row operand met 8-way bank conflicts: the first
+ * version of kda_state_wg.cu ran 486.6 us against the mma.sync pass's 349.3 (ncu,
+ * (8,2048,16,128), 2026-12-04s42c); tests/gpu/test_wgmma.cu checks both layouts' products. */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-/* element offset of (r, k) in a blocked tile of KD columns */
-template <int KD> static __device__ __forceinline__ int wg_off(int r, int k) {
-  return ((r >> 3) * (8 * KD)) + ((k >> 3) << 6) + ((r & 7) << 3) + (k & 7);
+/* element offset of (r, c) in a swizzled bf16 tile of R rows */
+template <int R> static __device__ __forceinline__ int wg_off(int r, int c) {
+  return (c >> 6) * (R * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
 }
-/* the descriptor of a tile starting at p: lbo, sbo in bytes (the "leading" and "stride"
- * dimension byte offsets: for K-major operands the distance between core matrices adjacent in
- * k, then in M / N; for MN-major ones, as PTX defines them, the other way round: test_wgmma
- * checks which) */
+/* the descriptor of an operand starting at p (a tile's row r0 % 8 == 0, column c0 % 16 == 0:
+ * &tile[wg_off<R>(r0, c0)]), 128-byte swizzle; lbo, sbo in bytes */
 static __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
   return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 /* before the first wgmma of a sequence, and after registers it accumulates into were written */
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

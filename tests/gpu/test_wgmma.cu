@@ -1,12 +1,10 @@
-/* test_wgmma.cu — kernels/kda_wgmma.cuh's layout, descriptors and fragment map against the CPU,
- * on one warpgroup (H100 / H200 only: sm_90a). D = A B, A 64 x 32 (K-major), B 32 x N stored
- * K-major ([n][k]) or MN-major ([k][n], the transpose bit), two k16 steps, N = 64 and N = 32
- * (a B tile's second half: the descriptor of a row offset). Operands are multiples of 1/4 in
- * [-2, 2], so every product and sum is exact in fp32: D must match bit for bit.
- *
- * The descriptor's two byte offsets for an MN-major operand are checked both ways round: the
- * line "wgmma MN-major: lbo = ..." says which one the hardware takes (kda_state_wg.cu's
- * WG_MN_LBO relies on it); exactly one of the two must pass. Ends with "N passed, N failed". */
+/* test_wgmma.cu — kernels/kda_wgmma.cuh's swizzled layout, descriptors and fragment map against
+ * the CPU, on one warpgroup (H100 / H200 only: sm_90a). D = A B with A 64 x 128 (K-major, two
+ * 64-column atoms: the k steps cross from one to the next) and B 128 x N stored K-major
+ * ([n][k]) or MN-major ([k][n], the transpose bit), N = 64 or 32 from a column offset n0 (the
+ * descriptors of a row offset, and of the second atom of an MN-major tile, as
+ * kda_state_wg.cu's kg). Operands are multiples of 1/4 in [-2, 2], so every product and sum is
+ * exact in fp32: D must match bit for bit. Ends with "N passed, N failed". */
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -16,17 +14,18 @@
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
   printf("FAIL - %s: %s\n", #x, cudaGetErrorString(e_)); printf("0 passed, 1 failed\n"); exit(1); } } while (0)
 
-enum { M = 64, KD = 32, NB = 64 };
-/* d: [M][N] fp32; b_mn: B stored MN-major; n0: the B tile's first column */
+enum { M = 64, KD = 128, NB = 128 };
+/* d: [M][N] fp32; TB: B stored MN-major; n0: the B tile's first column */
 template <int N, int TB>
 __global__ void k_wg_test(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *d, int lbo_b, int sbo_b, int n0) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ __align__(128) __nv_bfloat16 As[M * KD], Bs[NB * KD];
+  extern __shared__ uint8_t raw[];   /* rounded up to the swizzle's 1024-byte alignment */
+  __nv_bfloat16 *As = (__nv_bfloat16 *)(raw + ((1024 - (__cvta_generic_to_shared(raw) & 1023)) & 1023)), *Bs = As + M * KD;
   int t = threadIdx.x;
-  for (int e = t; e < M * KD; e += 128) As[wg_off<KD>(e / KD, e % KD)] = a[e];          /* a: [m][k] */
+  for (int e = t; e < M * KD; e += 128) As[wg_off<M>(e / KD, e % KD)] = a[e];           /* a: [m][k] */
   for (int e = t; e < NB * KD; e += 128) {
     int n = e / KD, k = e % KD;                                                           /* b: [n][k] */
-    Bs[TB ? wg_off<NB>(k, n) : wg_off<KD>(n, k)] = b[e];
+    Bs[TB ? wg_off<KD>(k, n) : wg_off<NB>(n, k)] = b[e];
   }
   wg_proxy_fence();
   __syncthreads();
@@ -34,8 +33,8 @@ __global__ void k_wg_test(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float 
   for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
   wg_fence();
   for (int ks = 0; ks < KD / 16; ks++) {
-    uint64_t da = wg_desc(As + ks * 128, 128, 16 * KD);
-    const __nv_bfloat16 *bp = TB ? Bs + ks * 16 * NB + (n0 >> 3) * 64 : Bs + wg_off<KD>(n0, ks * 16);
+    uint64_t da = wg_desc(As + wg_off<M>(0, 16 * ks), 16, 1024);
+    const __nv_bfloat16 *bp = TB ? Bs + wg_off<KD>(16 * ks, n0) : Bs + wg_off<NB>(n0, 16 * ks);
     uint64_t db = wg_desc(bp, lbo_b, sbo_b);
     if constexpr (N == 64) wg_m64n64k16<TB>(acc, da, db, ks > 0);
     else wg_m64n32k16<TB>(acc, da, db, ks > 0);
@@ -64,7 +63,9 @@ static bool run(const char *what, const std::vector<float> &a, const std::vector
   CK(cudaMemcpy(ad, ah.data(), ah.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(bd, bh.data(), bh.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemset(dd, 0xff, M * N * 4));
-  k_wg_test<N, TB><<<1, 128>>>(ad, bd, dd, lbo, sbo, n0);
+  size_t smb = (M + NB) * KD * 2 + 1024;
+  CK(cudaFuncSetAttribute(k_wg_test<N, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb));
+  k_wg_test<N, TB><<<1, 128, smb>>>(ad, bd, dd, lbo, sbo, n0);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<float> d(M * N);
@@ -96,15 +97,13 @@ int main() {
   std::vector<float> a(M * KD), b(NB * KD);
   for (auto &x : a) x = (rand() % 17 - 8) / 4.f;
   for (auto &x : b) x = (rand() % 17 - 8) / 4.f;
-  run<64, 0>("wgmma m64n64k16, K-major A and B (lbo 128, sbo 16 KD)", a, b, 128, 16 * KD, 0, true);
-  run<32, 0>("wgmma m64n32k16, K-major B from its row 32", a, b, 128, 16 * KD, 32, true);
-  /* MN-major B: core matrices adjacent in n are 128 bytes apart, in k 16 NB */
-  bool mn0 = run<64, 1>("", a, b, 128, 16 * NB, 0, false), mn1 = run<64, 1>("", a, b, 16 * NB, 128, 0, false);
-  printf("# wgmma MN-major: lbo = the n stride %s, lbo = the k stride %s\n", mn0 ? "passes" : "fails", mn1 ? "passes" : "fails");
-  if (mn0 != mn1) printf("ok - wgmma m64n64k16, MN-major B (transpose bit): lbo = the %s stride\n", mn0 ? "n" : "k"), npass++;
-  else printf("FAIL - wgmma m64n64k16, MN-major B: %s\n", mn0 ? "both descriptor orders pass" : "neither descriptor order passes"), nfail++;
-  int lbo = mn0 ? 128 : 16 * NB, sbo = mn0 ? 16 * NB : 128;
-  run<32, 1>("wgmma m64n32k16, MN-major B from its column 32", a, b, lbo, sbo, 32, true);
+  run<64, 0>("wgmma m64n64k16 x 8, K-major A and B (two atoms along k)", a, b, 16, 1024, 0, true);
+  run<32, 0>("wgmma m64n32k16 x 8, K-major B from its row 32", a, b, 16, 1024, 32, true);
+  /* MN-major B: its 64-column atoms 128 KD bytes apart (the leading offset), eight k rows 1024
+   * bytes (the stride offset) */
+  run<64, 1>("wgmma m64n64k16 x 8, MN-major B (transpose bit), its second atom", a, b, 128 * KD, 1024, 64, true);
+  run<64, 1>("wgmma m64n64k16 x 8, MN-major B, its first atom", a, b, 128 * KD, 1024, 0, true);
+  run<32, 1>("wgmma m64n32k16 x 8, MN-major B, half an atom", a, b, 128 * KD, 1024, 0, true);
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
 }
