@@ -78,27 +78,27 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
   const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
   const int HVV = (int)(HV * V);
   const int cf = b.cf, cl = b.cl;
-  const int g = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
-  const int rn = 16 * wq + (l >> 2), cq = 2 * (l & 3);   /* a fragment's first row (n), column pair */
+  const int g0 = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int rn0 = 16 * wq + (l >> 2), cq0 = 2 * (l & 3);   /* a fragment's first row (n), column pair */
   st_tiles<sbf> tu = {};                          /* U's tile (st_stage's SG_U) and en (st_en_store) */
   tu.Vn = U, tu.en = en, tu.SB = WG_SB, tu.K16 = K, tu.bv = BVW;
   const wg_tiles tl = {W, qg, kg, A};
-  /* the operands' descriptors at k = 0 (WG_KADV(k0) steps them along k); kg MN-major: atom g
-   * (its columns 64 g ..), eight rows 1024 bytes, sixteen 2048 (128 units) */
-  const uint64_t dS = wg_desc(St, 16, 1024), dW = wg_desc(W + wg_off<64>(32 * g, 0), 16, 1024),
-                 dQ = wg_desc(qg + wg_off<64>(32 * g, 0), 16, 1024), dV = wg_desc(Vt, 16, 1024),
-                 dA = wg_desc(A + wg_off<64>(32 * g, 0), 16, 1024), dK = wg_desc(kg + wg_off<64>(0, 64 * g), 8192, 1024);
+  /* the operands' descriptors at k = 0 (WG_KADV(k0) steps them along k), before the
+   * warpgroup's offsets (rows 32 g of W, s qg, Aqk: 4 KB a warpgroup, 256 units; kg MN-major:
+   * atom g, 8 KB, its eight rows 1024 bytes, sixteen 2048: 128 units) */
+  const uint64_t dS = wg_desc(St, 16, 1024), dW0 = wg_desc(W, 16, 1024), dQ0 = wg_desc(qg, 16, 1024),
+                 dV = wg_desc(Vt, 16, 1024), dA0 = wg_desc(A, 16, 1024), dK0 = wg_desc(kg, 8192, 1024);
   /* Sᵀ: s[4 j + q] = S[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
   float s[32];
 #pragma unroll
   for (int j = 0; j < 8; j++)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      int n = rn + 8 * (q >> 1), k = 64 * g + 8 * j + cq + (q & 1);
+      int n = rn0 + 8 * (q >> 1), k = 64 * g0 + 8 * j + cq0 + (q & 1);
       s[4 * j + q] = h0 ? h0[b.sbase + k * V + c0 + n] : 0.f;
     }
   /* St <- bf16(Sᵀ) (pairs of adjacent k: one 4-byte store) */
-  auto st_shadow = [&]() {
+  auto st_shadow = [&](int g, int rn, int cq) {
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -106,10 +106,17 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
         *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
             __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
   };
-  st_shadow();
+  st_shadow(g0, rn0, cq0);
   if (cf < cl) wg_stage_parts(p, w, tu, tl, cf, h, c0, SG_U | SG_W | SG_QG | SG_A);
   cp_async_commit();
   for (int ci = cf; ci < cl; ci++) {
+    /* the thread's indices, opaque to the compiler each step, so that the addresses formed from
+     * them are formed where they are used instead of hoisted out of the loop (which held ~60 of
+     * them: 128 registers and 180 bytes of spills, ncu's long-scoreboard waits 46% of the
+     * stalls) */
+    int g = g0, rn = rn0, cq = cq0;
+    asm volatile("" : "+r"(g), "+r"(rn), "+r"(cq));
+    const uint64_t dW = dW0 + 256 * g, dQ = dQ0 + 256 * g, dA = dA0 + 256 * g, dK = dK0 + 512 * g;
     const int64_t t0 = w.ctab[4 * ci + 1];
     const int m = w.ctab[4 * ci + 2];
     sbf *o0 = (sbf *)o + (t0 * HV + h) * V + c0;      /* chunk row 0, the block's first column */
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
         if (i < m) o0[i * HVV + n] = __float2bfloat16(x[4 * j + q]);
       }
     __syncthreads();                                  /* both warpgroups' reads of St, W, s qg, Aqk done */
-    st_shadow();
+    st_shadow(g, rn, cq);
     if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_W | SG_QG | SG_A);
     cp_async_commit();
   }
@@ -187,7 +194,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++)
-        ht[b.sbase + (64 * g + 8 * j + cq + (q & 1)) * V + c0 + rn + 8 * (q >> 1)] = s[4 * j + q];
+        ht[b.sbase + (64 * g0 + 8 * j + cq0 + (q & 1)) * V + c0 + rn0 + 8 * (q >> 1)] = s[4 * j + q];
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
