@@ -20,6 +20,7 @@ LOG=${OUT:-$B}
 mkdir -p "$B" "$LOG"
 CFLAGS="-std=c11 -O2 -fopenmp -D_GNU_SOURCE -Icore"
 NVFLAGS="-std=c++17 -O3 -lineinfo -gencode arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH] -Icore -Ikernels"   # -lineinfo: ncu's source view (no code change)
+WGFLAGS="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -Icore -Ikernels"   # kda_state_wg.cu: wgmma is sm_90a's
 newer() { [ ! -e "$1" ] || [ -n "$(find core kernels tests/gpu benches -newer "$1" -name '*.[ch]*' 2>/dev/null | head -1)" ]; }
 if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phases"; then
   # two compile streams side by side (the two largest units lead them; ~half the time on two
@@ -29,18 +30,20 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   ( obj kda_tc_bwd && nv -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o" && obj kda_ops &&
     obj kda_mat_halves && nv -DKDA_PHASES -c kernels/kda_mat_halves.cu -o "$B/kda_mat_halves_phases.o" ) & s1=$!
   ( obj kda_tc && nv -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o" && obj kda_cuda && obj kda_v1 &&
-    obj kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
+    obj kda_state_wide && "$NVCC" $WGFLAGS -Xptxas -v -c kernels/kda_state_wg.cu -o "$B/kda_state_wg.o" 2> "$B/kda_state_wg.ptxas" &&
+    "$NVCC" $WGFLAGS tests/gpu/test_wgmma.cu -o "$B/test_wgmma" && nv -DKDA_PHASES -c kernels/kda_state_wide.cu -o "$B/kda_state_wide_phases.o" && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
     gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
   ok=0; wait $s1 || ok=1; wait $s2 || ok=1
-  for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_state_wide kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
+  for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_state_wide kda_state_wg kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
   [ $ok = 0 ] || { grep -E "error" "$LOG/kda_ptxas.log" | head; echo "kda_gpu.sh: a compile failed" >&2; exit 1; }
   grep -E "Compiling entry|Used|spill" "$LOG/kda_ptxas.log" | grep -v "0 bytes spill stores, 0 bytes spill loads" || true
-  O="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide.o $B/kda_ref.o $B/util.o"
+  O="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide.o $B/kda_state_wg.o $B/kda_ref.o $B/util.o"
   F="$B/kda_tc.o $B/kda_tc_bwd.o $B/kda_mat_halves.o"
   nv tests/gpu/test_kda_cuda.cu $O $F "$B/kda_ops.o" "$B/cpu_kda.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda" & s1=$!
   nv benches/kda_bench.cu $O $F -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
-  nv benches/kda_bench.cu $O "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
+  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_state_wg.o $B/kda_ref.o $B/util.o"
+  nv benches/kda_bench.cu $OP "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
   wait $s1
 fi
 if command -v cuobjdump >/dev/null 2>&1 || [ -x "$(dirname "$NVCC")/cuobjdump" ]; then

@@ -291,6 +291,7 @@ static inline __host__ __device__ constexpr int db_sets(int kv, int nv) { return
 #ifdef KDA_PHASES   /* kda_phase_cyc: one per file that marks phases (kda_tc.cuh) */
 void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc_bwd.cu's, into c */
 void kda_phase_take_mat(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_mat_halves.cu's */
+void kda_phase_take_wide(unsigned long long (*c)[KDA_PH_PHASES + 1]);  /* kda_state_wide.cu's */
 #define PH_INIT(kid)                                                                        \
   long long ph_t_ = clock64();                                                              \
   const int ph_k_ = (kid);                                                                  \
@@ -369,5 +370,7 @@ bwd_flow_fn k_bwd_flow_pick(int kv);
  * reverse sweep */
 size_t smem_state_wide(int64_t C, int64_t K, int fwd);
 state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
+state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
+size_t smem_state_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv);
 #endif

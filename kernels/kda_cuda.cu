@@ -359,6 +359,15 @@ static int chunk_threads(const kda_kda_args *a, const char *name, int dflt) {
   return t >= 128 && t <= NTC && t % 32 == 0 ? t : dflt;
 }
 
+/* the device's compute capability major, 0 when it cannot be read */
+static int cc_major(void) {
+  int dev, maj;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return maj;
+}
 /* Load every kernel a call of this shape form (kv) may launch, once a process: CUDA loads a
  * kernel at its first launch (lazy module loading, the default since CUDA 12.2), which made the
  * process's first call up to 4x a warm one on the H200 (fwd (8,2048,16,128) 5.1-5.5 ms against
@@ -385,6 +394,7 @@ static void preload_kernels(int kv) {
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
+  if (kv == 128 && cc_major() == 9) ld((const void *)k_state_fwd_tc_wg_ptr());   /* sm_90a's image only */
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -463,6 +473,13 @@ static int use_wide(const kda_kda_args *a, int kv) {
   if (e && strcmp(e, "1") == 0) return 1;
   int nsm = sm_count();
   return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm && 2 * smem_state_wide(a->chunk, a->K, 1) <= smem_per_sm();
+}
+/* The wide forward pass on warpgroup MMAs (kda_state_wg.cu: sm_90a, K = V = 128, chunk 64)
+ * instead of k_state_fwd_tc_wide, where that one runs: KDA_KDA_WG=1 (read per call; off by
+ * default until measured: test_kda_cuda holds it to the CPU reference) */
+static int use_wg(int kv) {
+  const char *e = getenv("KDA_KDA_WG");
+  return kv == 128 && e && strcmp(e, "1") == 0 && cc_major() == 9;
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -675,6 +692,14 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_wide(a, kv)) {
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
+      if (use_wg(kv)) {
+        size_t smg = smem_state_wg();
+        auto kern = k_state_fwd_tc_wg_ptr();
+        if (smem_opt_in((const void *)kern, smg, a, op, "k_state_fwd_tc_wg")) return -1;
+        kern<<<state_grid(a, BVW), NTW, smg, st>>>(p, w, h0, o, ht);
+        LAUNCH_OK("k_state_fwd_tc_wg", "kda_kda_cuda_forward");
+        return 0;
+      }
       size_t smw = smem_state_wide(a->chunk, a->K, 1);
       auto kern = k_state_fwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kern, smw, a, op, "k_state_fwd_tc_wide")) return -1;

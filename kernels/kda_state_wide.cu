@@ -124,6 +124,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
   const int HVV = (int)(HV * V);                  /* elements between a chunk's rows */
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t = st_carve_wide(p, sm, true);
+  PH_INIT(1);
   st_reg<NU> R;
   st_reg_ld<NU, NW>(p, h0, b.sbase, c0, t, R);
   if (cf < cl) st_stage(p, w, t, w.ctab[4 * cf + 1], w.ctab[4 * cf + 2], h, c0, nullptr, SG_W | SG_QG | SG_A | SG_U);
@@ -133,9 +134,11 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     bf16 *o0 = (bf16 *)o + (t0 * HV + h) * V + c0;      /* chunk row 0 */
     int m = w.ctab[4 * ci + 2];
     st_glast gl = st_fwd_top(p, w, t, ci, t0, m, h, c0);
+    PH(0);
     mma_ldm<NC, 1>(p.C, BVW, bt{t.W, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{}, bt{}, 0,   /* Vn = U - W S */
                    pairs2(st_vn_epi(p, t, t0, m, h, c0, w.vn)));
     __syncthreads();                               /* the fp32 Vn tile (U) is dead */
+    PH(1);
     if (ci + 1 < cl) st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_U);
     cp_async_commit();
     mma_ldm<NC, 1>(p.C, BVW, bt{t.qg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16, bt{t.A, t.CB, 1}, bt{t.Vb, t.DB, 0}, p.C,
@@ -145,10 +148,12 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wide(kp p, ws w, const 
     st_en_store(p, t, gl);
     cp_async_wait_group<1>();                      /* kg (the next U may fly) */
     __syncthreads();                               /* W, qg, Aqk and Sb's readers done */
+    PH(2);
     if (ci + 1 < cl)
       st_stage(p, w, t, w.ctab[4 * ci + 5], w.ctab[4 * ci + 6], h, c0, nullptr, SG_W | SG_QG | SG_A);
     cp_async_commit();
     st_reg_upd<NU, NW>(t, R, bt{t.kg, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C, bt{}, bt{}, 0);
+    PH(3);
   }
   if (ht) st_reg_st<NU, NW>(p, ht, b.sbase, c0, t, R);
 }
@@ -168,6 +173,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
   const int HVV = (int)(HV * V);
   const int cf = b.cf, cl = b.cl;
   const st_tiles<sbf> t = st_carve_wide(p, sm, false);
+  PH_INIT(2);
   st_reg<NU> R;
   st_reg_ld<NU, NW>(p, dht, b.sbase, c0, t, R);   /* R, Sb hold dS (§4.2) */
   if (cf < cl)
@@ -179,6 +185,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
     bf16 *dvb0 = w.dvnb + (t0 * HV + h) * V + c0;
     int m = w.ctab[4 * ci + 2];
     st_glast gl = st_rev_top(p, w, t, ci, t0, m, h, c0, dout);
+    PH(3);
     /* dVn = [Aqk^T | kg] [dO ; dS]; -dVn into Vb, dVn to the global fp32 and bf16 copies */
     mma_ldm<NC, 1>(p.C, BVW, bt{t.A, t.CB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.kg, t.KB, 1}, bt{t.Sb, t.DB, 0}, t.K16,
                    pairs2([&](int r, int c, float x0, float x1) {
@@ -187,14 +194,19 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wide(kp p, ws w, const 
     st_en_store(p, t, gl);
     cp_async_wait_group<0>();                      /* s qg, W */
     __syncthreads();                               /* Aqk, kg dead; Sb's readers done */
+    PH(4);
     if (ci > cf) st_stage(p, w, t, w.ctab[4 * ci - 3], w.ctab[4 * ci - 2], h, c0, nullptr, SG_A | SG_KG);
     cp_async_commit();
     /* dS <- e^{G_last} dS + [s qg^T | -W^T] [dO ; dVn] */
     st_reg_upd<NU, NW>(t, R, bt{t.qg, t.KB, 0}, bt{t.dO, t.DB, 0}, p.C, bt{t.W, t.KB, 0}, bt{t.Vb, t.DB, 0}, p.C);
+    PH(5);
   }
   if (dh0) st_reg_st<NU, NW>(p, dh0, b.sbase, c0, t, R);
 }
 
+#ifdef KDA_PHASES
+void kda_phase_take_wide(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
+#endif
 /* kv = 64 or 128 (the compiled shapes); NULL otherwise */
 state_fwd_fn k_state_fwd_tc_wide_pick(int kv) {
   return kv == 128 ? k_state_fwd_tc_wide<128> : kv == 64 ? k_state_fwd_tc_wide<64> : nullptr;

@@ -366,6 +366,27 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
+    /* the wide forward pass on warpgroup MMAs (kda_cuda.cu use_wg: KDA_KDA_WG=1 with the wide
+     * passes forced; K = V = 128, an H100 / H200): its sums run in the tensor cores' order, so
+     * a kept forward and its backward are held to the CPU reference's tolerances */
+    int dev_ = 0, maj_ = 0;
+    cudaGetDevice(&dev_);
+    cudaDeviceGetAttribute(&maj_, cudaDevAttrComputeCapabilityMajor, dev_);
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9) {
+      std::vector<std::vector<char>> got;
+      setenv("KDA_KDA_WIDE", "1", 1);
+      rc = kept_run("KDA_KDA_WG", "1", 1, got);
+      unsetenv("KDA_KDA_WIDE");
+      std::string nm = std::string(name) + ": wgmma forward state pass (KDA_KDA_WG=1)";
+      if (rc) printf("FAIL - %s: %s\n", nm.c_str(), kda_last_error()), nfail++;
+      else {
+        vf o4 = host_bf16(od, p.nv), ht4 = host_f32(htd, p.ns), dq4 = host_bf16(dqd, p.nq), dk4 = host_bf16(dkd, p.nq);
+        vf dv4 = host_bf16(dvd, p.nv), dg4 = host_bf16(dgd, p.ng), db4 = host_bf16(dbd, p.nb), dh04 = host_f32(dh0d, p.ns);
+        verdict(nm.c_str(), {{"o", &o, &o4, 0.005, 0}, {"ht", &ht, &ht4, 0.005, 0}, {"dq", &dq, &dq4, 0.008, 0},
+                             {"dk", &dk, &dk4, 0.008, 0}, {"dv", &dv, &dv4, 0.008, 0}, {"dg", &dg, &dg4, 0.02, 0},
+                             {"dbeta", &db, &db4, 0.02, 0}, {"dh0", &dh0, &dh04, 0.008, 0}});
+      }
+    }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
      * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
      * K = 64 with a third tile set, db_sets) against 32 (=32): a kept forward and its backward,

@@ -1,0 +1,203 @@
+/* kda_state_wg.cu — the wide forward state pass (kda_state_wide.cu's k_state_fwd_tc_wide: 64 V
+ * columns a block, the state in registers) on Hopper's warpgroup MMAs (kda_wgmma.cuh), at the
+ * compiled K = V = 128, chunk 64. Compiled for sm_90a alone (the Makefile's WGFLAGS); the host
+ * runs it only on compute capability 9.0 and where KDA_KDA_WG asks (kda_cuda.cu use_wg).
+ *
+ * Why: the mma.sync pass spends a step (14.3k cycles a block at (8,2048,16,128), phase
+ * counters 2026-12-04s42b) on ~1.5k warp instructions of which 112 are MMAs: ldmatrix
+ * fragments, their addresses, the k loop (not unrolled: 127 of 128 registers); ncu: IMAD and
+ * LEA 32% of its instructions, short-scoreboard and fixed-latency waits 56% of its stalls. A
+ * wgmma reads both operands from shared memory itself, so a product is a few instructions a
+ * warp and its latency runs beside the epilogue work of the other products.
+ *
+ * Every product is taken transposed, so that its M side is the block's 64 V columns n (one
+ * m64 tile) and the state Sᵀ (n x k) stays in the update's accumulators:
+ *   Vnᵀ = Uᵀ − Sᵀ Wᵀ           (N = 64 chunk rows i, k over K)
+ *   oᵀ  = Sᵀ (s qg)ᵀ + Vnᵀ Aqkᵀ  (N = i, k over K then over the chunk's columns j)
+ *   Sᵀ ← e^{G_last} ⊙ Sᵀ + Vnᵀ kg (N = K, k over j)
+ * Warpgroup g takes rows i in [32 g, 32 g + 32) of Vnᵀ and oᵀ (m64n32) and state columns
+ * k in [64 g, 64 g + 64) of the update (m64n64: 32 registers a thread hold its part of Sᵀ).
+ * The A operands (Sᵀ and Vnᵀ, bf16 shadows) are K-major tiles the epilogues write; the B
+ * operands W, s qg, Aqk are K-major as staged ([i][k], [i][j]); kg ([j][k]) is MN-major.
+ * Outputs as the wide pass's (o, the kept S entering each chunk and Vn in bf16, ht in fp32);
+ * the sums run in the tensor cores' order, and the update adds kgᵀVn to the scaled state
+ * instead of scaling after, so the outputs are not bit-identical to the mma.sync passes':
+ * test_kda_cuda holds them to the CPU reference's tolerances instead. */
+#include "kda_tc.cuh"
+#include "kda_state.cuh"
+#include "kda_wgmma.cuh"
+
+enum { WG_K = 128, WG_C = 64, WG_SB = BVW + 4 };
+/* bytes of the layout (the swizzled bf16 tiles from a 1024-byte aligned base, then U fp32
+ * [C][SB], then en [K]), with the alignment's slack */
+size_t smem_state_wg(void) {
+  return (size_t)(3 * WG_C * WG_K + WG_C * WG_C + BVW * WG_K + BVW * WG_C) * 2 + (size_t)WG_C * WG_SB * 4 + WG_K * 4 +
+         1024;
+}
+/* a K-major descriptor's step to column k0 (a multiple of 16) of a 64-row tile: within an atom
+ * 2 k0 bytes, each atom 8 KB; in the descriptor's 16-byte units */
+#define WG_KADV(k0) ((uint64_t)((((k0) >> 6) * 8192 + ((k0) & 63) * 2) >> 4))
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+/* cp.async of chunk rows [0, m) of a bf16 [rows][KD] global tile (row r at g + r gs) into the
+ * swizzled layout, zeros past m: consecutive threads take a row's consecutive 16-byte chunks
+ * (whole sectors in global memory; eight of them fill the 32 banks once, swizzled or not) */
+template <int R, int KD>
+static __device__ __forceinline__ void wg_stage(sbf *s, const sbf *g, int gs, int m) {
+  for (int e = threadIdx.x; e < R * KD / 8; e += NTW) {
+    int r = e / (KD / 8), kc = (e % (KD / 8)) << 3;
+    bool ok = r < m;
+    cp_async16(s + wg_off<R>(r, kc), g + (ok ? r : 0) * gs + kc, ok);
+  }
+}
+struct wg_tiles {
+  sbf *W, *qg, *kg, *A;
+};
+/* the parts asked for (st_stage's SG_*) of chunk ci: U into tu's fp32 tile, the bf16 tiles
+ * blocked */
+static __device__ __forceinline__ void wg_stage_parts(const kp &p, const ws &w, const st_tiles<sbf> &tu,
+                                                      const wg_tiles &t, int ci, int64_t h, int64_t c0, int parts) {
+  const int64_t t0 = w.ctab[4 * ci + 1], r0 = t0 * p.HV + h;
+  const int m = w.ctab[4 * ci + 2], HVK = (int)p.HV * WG_K, HVC = (int)p.HV * WG_C;
+  if (parts & SG_U) st_stage(p, w, tu, t0, m, h, c0, nullptr, SG_U, threadIdx.x, NTW);
+  if (parts & SG_W) wg_stage<WG_C, WG_K>(t.W, w.Wb + r0 * WG_K, HVK, m);
+  if (parts & SG_QG) wg_stage<WG_C, WG_K>(t.qg, w.qgb + r0 * WG_K, HVK, m);
+  if (parts & SG_A) wg_stage<WG_C, WG_C>(t.A, w.Ab + r0 * WG_C, HVC, m);
+  if (parts & SG_KG) wg_stage<WG_C, WG_K>(t.kg, w.kgb + r0 * WG_K, HVK, m);
+}
+#endif
+
+__global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t raw[];
+  kv_fix<WG_K, NTW>(p);
+  constexpr int K = WG_K, C = WG_C;
+  sbf *W = (sbf *)(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)), *qg = W + C * K, *kg = qg + C * K, *A = kg + C * K, *St = A + C * C, *Vt = St + BVW * K;
+  float *U = (float *)(Vt + BVW * C), *en = U + C * WG_SB;
+  const st_blk b = st_block(p, w, blockIdx.x, BVW);
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
+  const int HVV = (int)(HV * V);
+  const int cf = b.cf, cl = b.cl;
+  const int g0 = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int rn0 = 16 * wq + (l >> 2), cq0 = 2 * (l & 3);   /* a fragment's first row (n), column pair */
+  st_tiles<sbf> tu = {};                          /* U's tile (st_stage's SG_U) and en (st_en_store) */
+  tu.Vn = U, tu.en = en, tu.SB = WG_SB, tu.K16 = K, tu.bv = BVW;
+  const wg_tiles tl = {W, qg, kg, A};
+  /* the operands' descriptors at k = 0 (WG_KADV(k0) steps them along k), before the
+   * warpgroup's offsets (rows 32 g of W, s qg, Aqk: 4 KB a warpgroup, 256 units; kg MN-major:
+   * atom g, 8 KB, its eight rows 1024 bytes, sixteen 2048: 128 units) */
+  const uint64_t dS = wg_desc(St, 16, 1024), dW0 = wg_desc(W, 16, 1024), dQ0 = wg_desc(qg, 16, 1024),
+                 dV = wg_desc(Vt, 16, 1024), dA0 = wg_desc(A, 16, 1024), dK0 = wg_desc(kg, 8192, 1024);
+  /* Sᵀ: s[4 j + q] = S[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
+  float s[32];
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int n = rn0 + 8 * (q >> 1), k = 64 * g0 + 8 * j + cq0 + (q & 1);
+      s[4 * j + q] = h0 ? h0[b.sbase + k * V + c0 + n] : 0.f;
+    }
+  /* St <- bf16(Sᵀ) (pairs of adjacent k: one 4-byte store) */
+  auto st_shadow = [&](int g, int rn, int cq) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int hq = 0; hq < 2; hq++)
+        *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
+            __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
+  };
+  st_shadow(g0, rn0, cq0);
+  if (cf < cl) wg_stage_parts(p, w, tu, tl, cf, h, c0, SG_U | SG_W | SG_QG | SG_A);
+  cp_async_commit();
+  for (int ci = cf; ci < cl; ci++) {
+    /* the thread's indices, opaque to the compiler each step, so that the addresses formed from
+     * them are formed where they are used instead of hoisted out of the loop (which held ~60 of
+     * them: 128 registers and 180 bytes of spills, ncu's long-scoreboard waits 46% of the
+     * stalls) */
+    int g = g0, rn = rn0, cq = cq0;
+    asm volatile("" : "+r"(g), "+r"(rn), "+r"(cq));
+    const uint64_t dW = dW0 + 256 * g, dQ = dQ0 + 256 * g, dA = dA0 + 256 * g, dK = dK0 + 512 * g;
+    const int64_t t0 = w.ctab[4 * ci + 1];
+    const int m = w.ctab[4 * ci + 2];
+    sbf *o0 = (sbf *)o + (t0 * HV + h) * V + c0;      /* chunk row 0, the block's first column */
+    wg_proxy_fence();                                 /* St (this thread's stores) to the wgmma reads */
+    __syncthreads();                                  /* the previous update's readers of kg, Vt done; St whole */
+    if (w.h) {                                        /* the state entering the chunk, bf16 [K][V] */
+      sbf *d = (sbf *)w.h + (int64_t)ci * HV * K * V + h * K * V + c0;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) d[(64 * g + 8 * j + cq + (q & 1)) * V + rn + 8 * (q >> 1)] = __float2bfloat16(s[4 * j + q]);
+    }
+    wg_stage_parts(p, w, tu, tl, ci, h, c0, SG_KG);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                         /* U, W, s qg, Aqk of this chunk (kg may fly) */
+    wg_proxy_fence();
+    __syncthreads();
+    /* Vnᵀ = Uᵀ − Sᵀ Wᵀ: rows i of warpgroup g's half */
+    float x[16];
+    wg_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dW + WG_KADV(k0), k0 > 0);
+    wg_commit();
+    wg_wait<0>();
+    {
+      sbf *vn0 = w.vn ? (sbf *)w.vn + (t0 * HV + h) * V + c0 : nullptr;
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int hq = 0; hq < 2; hq++) {
+          int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
+          __nv_bfloat162 v = __floats2bfloat162_rn(U[i * WG_SB + n] - x[4 * j + 2 * hq], U[(i + 1) * WG_SB + n] - x[4 * j + 2 * hq + 1]);
+          *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = v;
+          if (vn0) {
+            if (i < m) vn0[i * HVV + n] = v.x;
+            if (i + 1 < m) vn0[(i + 1) * HVV + n] = v.y;
+          }
+        }
+    }
+    st_en_store(p, tu, gl);
+    cp_async_wait_group<0>();                         /* kg */
+    wg_proxy_fence();                                 /* Vt, kg */
+    __syncthreads();                                  /* Vt, kg, en whole; U dead */
+    if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_U);
+    cp_async_commit();
+    /* Sᵀ ← e^{G_last} ⊙ Sᵀ, then oᵀ and the update's product, issued together */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
+    wg_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dQ + WG_KADV(k0), k0 > 0);
+#pragma unroll
+    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<0>(x, dV + WG_KADV(j0), dA + WG_KADV(j0), 1);
+#pragma unroll
+    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n64k16<1>(s, dV + WG_KADV(j0), dK + 8 * j0, 1);
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        int n = rn + 8 * (q >> 1), i = 32 * g + 8 * j + cq + (q & 1);
+        if (i < m) o0[i * HVV + n] = __float2bfloat16(x[4 * j + q]);
+      }
+    __syncthreads();                                  /* both warpgroups' reads of St, W, s qg, Aqk done */
+    st_shadow(g, rn, cq);
+    if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_W | SG_QG | SG_A);
+    cp_async_commit();
+  }
+  if (ht)
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        ht[b.sbase + (64 * g0 + 8 * j + cq0 + (q & 1)) * V + c0 + rn0 + 8 * (q >> 1)] = s[4 * j + q];
+#else
+  __trap();   /* built for sm_90a only; the host never launches it elsewhere */
+#endif
+}
+
+state_fwd_fn k_state_fwd_tc_wg_ptr(void) { return k_state_fwd_tc_wg; }

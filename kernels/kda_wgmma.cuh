@@ -1,0 +1,69 @@
+/* kda_wgmma.cuh — Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only) for bf16 tiles in
+ * shared memory with fp32 accumulators in registers: the tile layout, the operand descriptors,
+ * the instructions and their fences. Used by kda_state_wg.cu (compiled for sm_90a alone).
+ *
+ * A warpgroup is 4 consecutive warps (128 threads). One instruction computes D (64 x N) +=
+ * A (64 x 16) B (16 x N), both operands read from shared memory by the tensor cores through
+ * 64-bit descriptors, asynchronously: issued instructions run while the warps go on, until
+ * wgmma.commit_group / wgmma.wait_group. D's fragment: thread t of the warpgroup (warp wq =
+ * t / 32, lane l) holds d[4 j + q] = D[16 wq + l / 4 + 8 (q / 2)][8 j + 2 (l % 4) + (q % 2)],
+ * j < N / 8 (mma.m16n8's C fragment, one per 8 columns, warp wq on rows 16 wq ..).
+ *
+ * Layout (the 128-byte swizzle): a tile of R rows by up to 128 columns, its columns the
+ * contiguous index, is stored as 64-column "atoms" one after the other (all R rows of columns
+ * 0-63, then of 64-127); in an atom row r is 128 bytes at 128 r, its 16-byte chunks permuted
+ * (chunk c at c ^ (r % 8)), as the hardware's 128-byte swizzle reads them from a 1024-byte
+ * aligned base. For a K-major operand (rows its M or N index, columns k) the descriptor's
+ * stride offset is 1024 bytes (eight rows) and its leading offset unused; for an MN-major one
+ * (rows k, columns its M or N index: kg in the state update, B(k, n) = kg[k][n], read with the
+ * transpose bit) the stride offset is again eight rows, 1024 bytes, the leading one the atom
+ * stride 128 R bytes. Why the swizzle: without it (8 x 8 core matrices of 128 contiguous
+ * bytes) the tensor cores' reads of a 64-row operand met 8-way bank conflicts: the first
+ * version of kda_state_wg.cu ran 486.6 us against the mma.sync pass's 349.3 (ncu,
+ * (8,2048,16,128), 2026-12-04s42c); tests/gpu/test_wgmma.cu checks both layouts' products. */
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+/* element offset of (r, c) in a swizzled bf16 tile of R rows */
+template <int R> static __device__ __forceinline__ int wg_off(int r, int c) {
+  return (c >> 6) * (R * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+}
+/* the descriptor of an operand starting at p (a tile's row r0 % 8 == 0, column c0 % 16 == 0:
+ * &tile[wg_off<R>(r0, c0)]), 128-byte swizzle; lbo, sbo in bytes */
+static __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+/* before the first wgmma of a sequence, and after registers it accumulates into were written */
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* all but the N most recently committed groups of this warpgroup done (their accumulators
+ * readable, their shared operands free) */
+template <int N> static __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* shared-memory writes of ordinary stores or cp.async (the generic proxy) made visible to the
+ * wgmma operand reads (the async proxy): each writing thread, after its writes have landed and
+ * before the barrier that hands the tile over */
+static __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major */
+template <int TB>
+static __device__ __forceinline__ void wg_m64n32k16(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+template <int TB>
+static __device__ __forceinline__ void wg_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}

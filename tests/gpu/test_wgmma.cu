@@ -1,0 +1,109 @@
+/* test_wgmma.cu — kernels/kda_wgmma.cuh's swizzled layout, descriptors and fragment map against
+ * the CPU, on one warpgroup (H100 / H200 only: sm_90a). D = A B with A 64 x 128 (K-major, two
+ * 64-column atoms: the k steps cross from one to the next) and B 128 x N stored K-major
+ * ([n][k]) or MN-major ([k][n], the transpose bit), N = 64 or 32 from a column offset n0 (the
+ * descriptors of a row offset, and of the second atom of an MN-major tile, as
+ * kda_state_wg.cu's kg). Operands are multiples of 1/4 in [-2, 2], so every product and sum is
+ * exact in fp32: D must match bit for bit. Ends with "N passed, N failed". */
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cuda_runtime.h>
+#include "kda_wgmma.cuh"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+  printf("FAIL - %s: %s\n", #x, cudaGetErrorString(e_)); printf("0 passed, 1 failed\n"); exit(1); } } while (0)
+
+enum { M = 64, KD = 128, NB = 128 };
+/* d: [M][N] fp32; TB: B stored MN-major; n0: the B tile's first column */
+template <int N, int TB>
+__global__ void k_wg_test(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *d, int lbo_b, int sbo_b, int n0) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t raw[];   /* rounded up to the swizzle's 1024-byte alignment */
+  __nv_bfloat16 *As = (__nv_bfloat16 *)(raw + ((1024 - (__cvta_generic_to_shared(raw) & 1023)) & 1023)), *Bs = As + M * KD;
+  int t = threadIdx.x;
+  for (int e = t; e < M * KD; e += 128) As[wg_off<M>(e / KD, e % KD)] = a[e];           /* a: [m][k] */
+  for (int e = t; e < NB * KD; e += 128) {
+    int n = e / KD, k = e % KD;                                                           /* b: [n][k] */
+    Bs[TB ? wg_off<KD>(k, n) : wg_off<NB>(n, k)] = b[e];
+  }
+  wg_proxy_fence();
+  __syncthreads();
+  float acc[N / 2];
+  for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+  wg_fence();
+  for (int ks = 0; ks < KD / 16; ks++) {
+    uint64_t da = wg_desc(As + wg_off<M>(0, 16 * ks), 16, 1024);
+    const __nv_bfloat16 *bp = TB ? Bs + wg_off<KD>(16 * ks, n0) : Bs + wg_off<NB>(n0, 16 * ks);
+    uint64_t db = wg_desc(bp, lbo_b, sbo_b);
+    if constexpr (N == 64) wg_m64n64k16<TB>(acc, da, db, ks > 0);
+    else wg_m64n32k16<TB>(acc, da, db, ks > 0);
+  }
+  wg_commit();
+  wg_wait<0>();
+  int wq = t >> 5, l = t & 31;
+  for (int j = 0; j < N / 8; j++)
+    for (int q = 0; q < 4; q++)
+      d[(16 * wq + (l >> 2) + 8 * (q >> 1)) * N + 8 * j + 2 * (l & 3) + (q & 1)] = acc[4 * j + q];
+#else
+  __trap();
+#endif
+}
+
+static int npass, nfail;
+template <int N, int TB>
+static bool run(const char *what, const std::vector<float> &a, const std::vector<float> &b, int lbo, int sbo, int n0,
+                bool report) {
+  std::vector<__nv_bfloat16> ah(a.size()), bh(b.size());
+  for (size_t i = 0; i < a.size(); i++) ah[i] = __float2bfloat16(a[i]);
+  for (size_t i = 0; i < b.size(); i++) bh[i] = __float2bfloat16(b[i]);
+  __nv_bfloat16 *ad, *bd;
+  float *dd;
+  CK(cudaMalloc(&ad, ah.size() * 2)); CK(cudaMalloc(&bd, bh.size() * 2)); CK(cudaMalloc(&dd, M * N * 4));
+  CK(cudaMemcpy(ad, ah.data(), ah.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(bd, bh.data(), bh.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dd, 0xff, M * N * 4));
+  size_t smb = (M + NB) * KD * 2 + 1024;
+  CK(cudaFuncSetAttribute(k_wg_test<N, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb));
+  k_wg_test<N, TB><<<1, 128, smb>>>(ad, bd, dd, lbo, sbo, n0);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> d(M * N);
+  CK(cudaMemcpy(d.data(), dd, M * N * 4, cudaMemcpyDeviceToHost));
+  cudaFree(ad), cudaFree(bd), cudaFree(dd);
+  int bad = 0;
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      float r = 0.f;
+      for (int k = 0; k < KD; k++) r += a[m * KD + k] * b[(n0 + n) * KD + k];
+      if (d[m * N + n] != r) bad++;
+    }
+  if (report) {
+    if (!bad) printf("ok - %s\n", what), npass++;
+    else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
+  }
+  return !bad;
+}
+
+int main() {
+  int dev = 0;
+  cudaDeviceProp pr;
+  CK(cudaGetDeviceProperties(&pr, dev));
+  if (pr.major != 9) {
+    printf("# skipped: wgmma needs compute capability 9.0 (this device is %d.%d)\n0 passed, 0 failed\n", pr.major, pr.minor);
+    return 0;
+  }
+  srand(7);
+  std::vector<float> a(M * KD), b(NB * KD);
+  for (auto &x : a) x = (rand() % 17 - 8) / 4.f;
+  for (auto &x : b) x = (rand() % 17 - 8) / 4.f;
+  run<64, 0>("wgmma m64n64k16 x 8, K-major A and B (two atoms along k)", a, b, 16, 1024, 0, true);
+  run<32, 0>("wgmma m64n32k16 x 8, K-major B from its row 32", a, b, 16, 1024, 32, true);
+  /* MN-major B: its 64-column atoms 128 KD bytes apart (the leading offset), eight k rows 1024
+   * bytes (the stride offset) */
+  run<64, 1>("wgmma m64n64k16 x 8, MN-major B (transpose bit), its second atom", a, b, 128 * KD, 1024, 64, true);
+  run<64, 1>("wgmma m64n64k16 x 8, MN-major B, its first atom", a, b, 128 * KD, 1024, 0, true);
+  run<32, 1>("wgmma m64n32k16 x 8, MN-major B, half an atom", a, b, 128 * KD, 1024, 0, true);
+  printf("%d passed, %d failed\n", npass, nfail);
+  return nfail != 0;
+}
