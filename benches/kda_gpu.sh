@@ -56,6 +56,7 @@ fi
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0   # BUILD_ONLY=1: the binaries, nothing run
 rc=0
 # KDA_CUDA_SYNC-style safety: the test synchronises after every case itself.
+"$B/test_wgmma" 2>&1 | tee "$LOG/wgmma_test.log" || true   # the wgmma layouts (kda_state_wg.cu; H100 / H200, else skipped)
 timeout 500 "$B/test_kda_cuda" 2>&1 | tee "$LOG/kda_test.log" || true
 grep -q " 0 failed" "$LOG/kda_test.log" || rc=1
 timeout 300 "$B/kda_bench" 2>&1 | tee "$LOG/kda_bench.log" || rc=1
