@@ -18,9 +18,10 @@
  * (rows k, columns its M or N index: kg in the state update, B(k, n) = kg[k][n], read with the
  * transpose bit) the stride offset is again eight rows, 1024 bytes, the leading one the atom
  * stride 128 R bytes. Why the swizzle: without it (8 x 8 core matrices of 128 contiguous
- * bytes) the tensor cores' reads of a 64-row operand met 8-way bank conflicts: the first
- * version of kda_state_wg.cu ran 486.6 us against the mma.sync pass's 349.3 (ncu,
- * (8,2048,16,128), 2026-12-04s42c); tests/gpu/test_wgmma.cu checks both layouts' products. */
+ * bytes) the first version of kda_state_wg.cu ran 486.6 us against the mma.sync pass's 349.3
+ * (ncu, (8,2048,16,128), 2026-12-04s42c), with it 387.8 (s42d, spills aside): our reading is
+ * bank conflicts in the tensor cores' operand reads, not measured directly.
+ * tests/gpu/test_wgmma.cu checks the swizzled layout's products. */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
