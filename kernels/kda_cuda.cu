@@ -359,15 +359,16 @@ static int chunk_threads(const kda_kda_args *a, const char *name, int dflt) {
   return t >= 128 && t <= NTC && t % 32 == 0 ? t : dflt;
 }
 
-/* the device's compute capability major, 0 when it cannot be read */
-static int cc_major(void) {
-  int dev, maj;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+/* an attribute of the current device, 0 when it cannot be read */
+static int dev_attr(cudaDeviceAttr at) {
+  int dev, x;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&x, at, dev) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return maj;
+  return x;
 }
+static int cc_major(void) { return dev_attr(cudaDevAttrComputeCapabilityMajor); }
 /* Load every kernel a call of this shape form (kv) may launch, once a process: CUDA loads a
  * kernel at its first launch (lazy module loading, the default since CUDA 12.2), which made the
  * process's first call up to 4x a warm one on the H200 (fwd (8,2048,16,128) 5.1-5.5 ms against
@@ -444,14 +445,7 @@ static size_t smem_per_sm(void) {
   return sm > 2 * rsv ? (size_t)(sm - 2 * rsv) : 0;
 }
 /* the device's SM count, 0 when it cannot be read */
-static int sm_count(void) {
-  int dev, n;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+static int sm_count(void) { return dev_attr(cudaDevAttrMultiProcessorCount); }
 /* version 2's state passes: one block per (sequence, value head, bv value columns: BVT, BVW
  * for the wide passes), the value tiles of a head adjacent (st_block in kda_state.cuh) */
 static dim3 state_grid(const kda_kda_args *a, int bv = BVT) {
