@@ -25,7 +25,8 @@
 #             KDA_MULTI; the precise backward of PRECISE (default all); MEMCHECK="NAME ..." memcheck
 #             on the quick test; RACE="NAME[@ENV]:case|..."
 #             racecheck filters (each under RACE_TIMEOUT s, 90 by default: "K=V=128 T=300"
-#             ran past 90); HYBRID entries the hybrid S 64x512 step with their kda
+#             ran past 90; RACE_KERNEL=NAME checks only kernels whose name holds NAME, the rest
+#             run unchecked at full speed); HYBRID entries the hybrid S 64x512 step with their kda
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
@@ -162,7 +163,8 @@ if [ "$MODE" = kda_multi ]; then
       echo "memcheck $n rc=$? | $(grep -E 'ERROR SUMMARY' "$OUT/kda_memcheck.log") | $(grep -E 'passed, ' "$OUT/kda_memcheck.log")"; done
     IFS='|' read -r -a races <<< "${RACE:-}"
     for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
-      env $(envof "$n") timeout ${RACE_TIMEOUT:-90} compute-sanitizer --tool racecheck --print-limit 5 "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
+      env $(envof "$n") timeout ${RACE_TIMEOUT:-90} compute-sanitizer --tool racecheck --print-limit 5 \
+        ${RACE_KERNEL:+--kernel-name kns=$RACE_KERNEL} "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
       echo "racecheck $n '$c' rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
       grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
