@@ -185,7 +185,7 @@ if [ "$MODE" = kda_multi ]; then
         -f -o /tmp/ncu_$k "$(bin "$last")/kda_bench" > /dev/null 2>&1; echo "ncu rc=$?"
       ncu -i /tmp/ncu_$k.ncu-rep --page details 2>&1 | grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Executed Ipc A|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate"
       ncu -i /tmp/ncu_$k.ncu-rep --page source --csv --print-source sass > /tmp/ncu_$k.csv 2>&1
-      python3 benches/ncu_sass_mix.py /tmp/ncu_$k.csv 2>&1 | head -34; done
+      python3 benches/ncu_sass_mix.py /tmp/ncu_$k.csv 2>&1 | head -50; done
   } >> "$OUT/kda_multi.log" 2>&1
   cat "$OUT/kda_multi.log"
 fi

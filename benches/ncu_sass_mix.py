@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """benches/ncu_sass_mix.py FILE.csv — summarise one kernel's per-instruction ncu source page
-(`ncu -i REP --page source --csv --print-source sass`, as `device_run.sh ncu_source` writes it):
+(`ncu -i REP --page source --csv --print-source sass`, as `device_run.sh ncu_source` writes it;
+an optional second argument N: how many of the top-stalling instructions to list, default 12):
 warp-stall reasons over all sampled instructions, then the opcode mix (executed warp
 instructions, and each opcode's share of the stall samples). The page itself has 9k rows a
 kernel; this is what decides where a kernel's issue slots go (e.g. integer address work, the
@@ -41,3 +42,11 @@ for r in data:
 print("opcode      warp insts   share  stall share")
 for o, v in ops.most_common(20):
     print(f"{o:10s} {v:12.0f} {100 * v / insts:6.1f}% {100 * op_s[o] / samples:6.1f}%")
+# the instructions holding the most stall samples, each with its two largest reasons (where a
+# kernel waits: a fence, a barrier, a load's consumer)
+print("top lines: samples share  reasons  instruction")
+stalls = [h for h in hdr if h.startswith("stall_")]
+for r in sorted(data, key=lambda r: -num(r[S]))[:int(sys.argv[2]) if len(sys.argv) > 2 else 12]:
+    why = sorted(stalls, key=lambda h: -num(r[ix[h]]))[:2]
+    reasons = " ".join(f"{h[6:]}:{num(r[ix[h]]):.0f}" for h in why if num(r[ix[h]]))
+    print(f"{num(r[S]):8.0f} {100 * num(r[S]) / samples:5.1f}%  {reasons:34s} {' '.join(r[ix['Source']].split())[:70]}")
