@@ -162,6 +162,8 @@ if [ "$MODE" = kda_multi ]; then
       env $(envof "$n") timeout 150 compute-sanitizer --tool memcheck --print-limit 10 "$(bin "$n")/test_kda_cuda" quick > "$OUT/kda_memcheck.log" 2>&1
       echo "memcheck $n rc=$? | $(grep -E 'ERROR SUMMARY' "$OUT/kda_memcheck.log") | $(grep -E 'passed, ' "$OUT/kda_memcheck.log")"; done
     IFS='|' read -r -a races <<< "${RACE:-}"
+    [ -n "${RACE_KERNEL:-}" ] && { echo "compute-sanitizer's kernel filter (RACE_KERNEL=$RACE_KERNEL):"
+      compute-sanitizer --help 2>&1 | grep -A4 -- "--kernel-name " | head -8; }
     for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
       env $(envof "$n") timeout ${RACE_TIMEOUT:-90} compute-sanitizer --tool racecheck --print-limit 5 \
         ${RACE_KERNEL:+--kernel-name kns=$RACE_KERNEL} "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
