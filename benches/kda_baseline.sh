@@ -8,8 +8,19 @@
 # PACK="kda_bench test_kda_cuda" packs only those of the three (default all): the device tool
 # carries 64 MiB in all, a full pack is ~30 MB and kda_bench alone ~9.5 MB, so a kda_multi call of
 # several sides packs kda_bench for each and the test (and the phases) only where they run.
+# SHARED=1 (with NAME): the binaries go to .devbuild/packs/kda_NAME instead of a pack of their own;
+# then `benches/kda_baseline.sh --shared` packs every side staged there into one archive,
+# .devbuild/kda_packs.tar.xz, which device_run.sh kda_multi unpacks first. The sides' binaries
+# share most of their bytes, so one archive is far smaller: five kda_bench sides (one with its
+# test) 48 MB in five packs, 12.5 MB in one (2026-12-04).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --shared ]; then
+  [ -d .devbuild/packs ] || { echo "kda_baseline.sh --shared: nothing staged in .devbuild/packs (run it with SHARED=1 REV NAME first)" >&2; exit 2; }
+  tar -C .devbuild/packs -cf - $(ls .devbuild/packs) | xz -9 -T2 > .devbuild/kda_packs.tar.xz   # the sides by name: not "." (its mode would land on /tmp)
+  ls .devbuild/packs; ls -la .devbuild/kda_packs.tar.xz
+  exit 0
+fi
 REV=${1:-HEAD}
 NAME=${2:-}
 PACK=${PACK:-test_kda_cuda kda_bench kda_bench_phases}
@@ -28,6 +39,12 @@ if [ "${WITH_KDA:-0}" = 1 ]; then
 fi
 strip "$WT"/st/bin/*
 echo "$SHORT" > "$WT/st/bin/REVISION"
+if [ "${SHARED:-0}" = 1 ]; then
+  [ -n "$NAME" ] || { echo "kda_baseline.sh: SHARED=1 needs a NAME" >&2; exit 2; }
+  rm -rf .devbuild/packs/kda_$NAME && mkdir -p .devbuild/packs/kda_$NAME && cp -r "$WT/st/bin" .devbuild/packs/kda_$NAME/
+  echo "staged .devbuild/packs/kda_$NAME ($SHORT); pack them all with benches/kda_baseline.sh --shared"
+  exit 0
+fi
 TAR=.devbuild/bundle_b.tar.xz; [ -n "$NAME" ] && TAR=.devbuild/kda_$NAME.tar.xz
 tar -C "$WT/st" -cf - bin | xz -9 -T2 > "$TAR"   # -9: the binaries' cubins share most of their bytes
 ls -la "$TAR"
