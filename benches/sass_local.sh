@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benches/sass_local.sh [REV] — the KDA kernels' SASS and ptxas reports built here, without a GPU,
+# benches/sass_local.sh [REV] — the CUDA kernels' SASS and ptxas reports built here, without a GPU,
 # for benches/sass_check.py: registers and spills, local memory, vector accesses the compiler split;
 # with REV, the same for git revision REV (a scratch worktree) and the kernels that differ.
 #   benches/sass_local.sh            .devbuild/sass/cur: the working tree's kernels, then the report
@@ -21,14 +21,12 @@ if ! [ -x $TOOLS/bin/cuobjdump ] || ! [ -x $TOOLS/bin/nvdisasm ]; then
   for t in cuobjdump nvdisasm; do cp "$(find $TOOLS/x -name $t -type f | head -1)" $TOOLS/bin/ && chmod +x $TOOLS/bin/$t; done
 fi
 export PATH=$PWD/$TOOLS/bin:$PATH   # cuobjdump -sass runs nvdisasm
-# the kernel files and their targets as the Makefile builds them (kda_state_wg.cu: sm_90a only)
-FILES="kda_tc kda_tc_bwd kda_mat_halves kda_state_wide kda_state_wg kda_cuda kda_ops kda_v1 decode attention"
-build() {   # SRC_ROOT OUT_DIR
+build() {   # SRC_ROOT OUT_DIR: every kernels/*.cu of SRC_ROOT, each for its target as the Makefile builds it
   mkdir -p "$2"; rm -f "$2"/*.sass "$2"/*.ptxas
-  local pids="" f arch bad=0
-  for f in $FILES; do
-    [ -f "$1/kernels/$f.cu" ] || continue
-    arch=sm_90; [ $f = kda_state_wg ] && arch=sm_90a
+  local pids="" f src arch bad=0
+  for src in "$1"/kernels/*.cu; do
+    f=$(basename "$src" .cu)
+    arch=sm_90; [ $f = kda_state_wg ] && arch=sm_90a   # the Makefile's WGFLAGS: wgmma is sm_90a's
     ( "$NVCC" -O3 -std=c++17 -gencode arch=compute_${arch#sm_},code=$arch -I"$1/core" -I"$1/kernels" -Xptxas -v \
         -cubin -o "$2/$f.cubin" "$1/kernels/$f.cu" > "$2/$f.ptxas" 2>&1 &&
       $TOOLS/bin/cuobjdump -sass "$2/$f.cubin" > "$2/$f.sass" ) || { echo "sass_local.sh: $1/kernels/$f.cu did not compile or disassemble (see $2/$f.ptxas)" >&2; exit 1; } &
