@@ -9,8 +9,11 @@ For each kernel (only those whose mangled name holds one of NAME, when given):
     base register at o, o + 4, o + 8, o + 12 (or, for global memory, two at o, o + 4) within a few
     instructions. Two scalar loads of neighbouring elements look the same, so a hit is a place to
     read, not a verdict; a 4-byte pair beside an STG.E.64 of the same helper is its unaligned branch.
-With BASE_DIR: only the kernels whose registers, spills or memory-instruction counts differ
-between BASE_DIR and DIR, and by how much (a static A/B of a change before a device run).
+With BASE_DIR: only the kernels whose code differs between BASE_DIR and DIR: registers, spills,
+memory-instruction counts, and the instruction stream itself (opcodes and operands, branch
+targets and encodings aside). Same counts, other code is a change too: st2f's 64-bit store
+(f931d00) left k_bwd_final_tc's counts as they were and moved its registers and schedule, and the
+kernel ran 1268 -> 1328 us (H200, 2026-12-04s44b); the counts alone had called it unchanged.
 
 Why: the front end split a float2 / uint4 store written through a pointer into 4-byte stores
 wherever it could not prove the alignment; a warp's 4-byte stores to 32 rows made the kept
@@ -24,8 +27,9 @@ WINDOW = 8
 
 
 def sass(d):
-    """kernel -> (op counts, split hits)"""
+    """kernel -> (op counts, split hits, instruction stream)"""
     ops, hits = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
+    code = collections.defaultdict(list)
     for f in glob.glob(os.path.join(d, "*.sass")):
         fn, recent = None, []
         for line in open(f):
@@ -35,6 +39,9 @@ def sass(d):
                 continue
             if "*/" not in line or fn is None:
                 continue
+            ins = line[line.index("*/") + 2:].split("/*")[0].strip()
+            if ins and not re.match(r"@?!?\w*\s*(BRA|CALL|JMP|BSSY|BRX)\b", ins.split(" ", 1)[-1] if ins.startswith("@") else ins):
+                code[fn].append(ins)   # branch targets move with any code before them: left out
             m = MEM.search(re.sub(r"desc\[\w+\]", "", line[line.index("*/") + 2:]))
             if not m:
                 continue
@@ -52,7 +59,7 @@ def sass(d):
                 hits[fn][op + " x4"] += 1
             elif op in ("STG", "LDG") and o % 8 == 4 and (op, key[1], o - 4) in have:
                 hits[fn][op + " x2"] += 1
-    return ops, hits
+    return ops, hits, code
 
 
 def ptxas(d):
@@ -83,17 +90,20 @@ def main():
     else:
         args = args[1:]
     want = lambda k: not args or any(n in k for n in args)
-    ops, hits = sass(d)
+    ops, hits, code = sass(d)
     regs = ptxas(d)
     if base:
-        bops, _ = sass(base)
+        bops, _, bcode = sass(base)
         bregs = ptxas(base)
         for k in sorted(set(ops) | set(bops)):
             if not want(k):
                 continue
             diff = {o: ops[k][o] - bops[k][o] for o in set(ops[k]) | set(bops[k]) if ops[k][o] != bops[k][o]}
-            if diff or regs.get(k) != bregs.get(k):
-                print(f"{k[:78]}\n    registers, spill st/ld {bregs.get(k)} -> {regs.get(k)}; memory ops {diff}")
+            same = code[k] == bcode[k]
+            if diff or regs.get(k) != bregs.get(k) or not same:
+                moved = sum(a != b for a, b in zip(code[k], bcode[k])) + abs(len(code[k]) - len(bcode[k]))
+                print(f"{k[:78]}\n    registers, spill st/ld {bregs.get(k)} -> {regs.get(k)}; memory ops {diff}; "
+                      f"instructions {len(bcode[k])} -> {len(code[k])}, {moved} differ in place")
         return
     for k in sorted(set(ops) | set(regs)):
         if not want(k):

@@ -469,11 +469,14 @@ static int use_wide(const kda_kda_args *a, int kv) {
   return nsm && (int64_t)state_grid(a).x > 2 * (int64_t)nsm && 2 * smem_state_wide(a->chunk, a->K, 1) <= smem_per_sm();
 }
 /* The wide forward pass on warpgroup MMAs (kda_state_wg.cu: sm_90a, K = V = 128, chunk 64)
- * instead of k_state_fwd_tc_wide, where that one runs: KDA_KDA_WG=1 (read per call; off by
- * default until measured: test_kda_cuda holds it to the CPU reference) */
-static int use_wg(int kv) {
+ * instead of k_state_fwd_tc_wide, wherever that one runs on an H100 / H200 and o can be stored
+ * in 16-byte rows; KDA_KDA_WG=0 turns it off (read per call: test_kda_cuda holds it to the CPU
+ * reference and keeps the bit-for-bit comparisons on the mma.sync passes). H200, one run
+ * against the wide pass (2026-12-04s44b): ncu 344-347 -> 278 us at (8,2048,16,128) with the
+ * internals kept; fwd 0.826 -> 0.773 ms, fwd+bwd 2.972-2.974 -> 2.922-2.933 */
+static int use_wg(int kv, const void *o) {
   const char *e = getenv("KDA_KDA_WG");
-  return kv == 128 && e && strcmp(e, "1") == 0 && cc_major() == 9;
+  return kv == 128 && (uintptr_t)o % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9;
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -686,7 +689,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
     size_t sm = smem_state_tc(a->chunk, a->K, 0), smd = smem_state_tc_db(a->chunk, a->K);
     if (use_wide(a, kv)) {
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri)) return -1;
-      if (use_wg(kv)) {
+      if (use_wg(kv, o)) {
         size_t smg = smem_state_wg();
         auto kern = k_state_fwd_tc_wg_ptr();
         if (smem_opt_in((const void *)kern, smg, a, op, "k_state_fwd_tc_wg")) return -1;

@@ -1,7 +1,8 @@
 /* kda_state_wg.cu — the wide forward state pass (kda_state_wide.cu's k_state_fwd_tc_wide: 64 V
  * columns a block, the state in registers) on Hopper's warpgroup MMAs (kda_wgmma.cuh), at the
  * compiled K = V = 128, chunk 64. Compiled for sm_90a alone (the Makefile's WGFLAGS); the host
- * runs it only on compute capability 9.0 and where KDA_KDA_WG asks (kda_cuda.cu use_wg).
+ * runs it on compute capability 9.0 wherever the wide pass would run, unless KDA_KDA_WG=0
+ * (kda_cuda.cu use_wg).
  *
  * Why: the mma.sync pass spends a step (14.3k cycles a block at (8,2048,16,128), phase
  * counters 2026-12-04s42b) on ~1.5k warp instructions of which 112 are MMAs: ldmatrix
@@ -65,6 +66,39 @@ static __device__ __forceinline__ void wg_stage_parts(const kp &p, const ws &w, 
   if (parts & SG_A) wg_stage<WG_C, WG_C>(t.A, w.Ab + r0 * WG_C, HVC, m);
   if (parts & SG_KG) wg_stage<WG_C, WG_K>(t.kg, w.kgb + r0 * WG_K, HVK, m);
 }
+/* a 16-byte global store, always one instruction: written as a uint4 through a pointer, the
+ * front end splits it into four 4-byte stores wherever it cannot prove the address 16-byte
+ * aligned (SASS of wip/wgs: 4 of its 12 wg_store_t stores stayed STG.E.128), and a warp's
+ * 4-byte stores to 32 rows cost the kept forward ~600 us at (8,2048,16,128) (s43a) */
+static __device__ __forceinline__ void stg16(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+/* Store a swizzled bf16 tile T (64 rows n, columns r: Sᵀ, Vnᵀ or oᵀ) transposed to global
+ * rows r < m of 64 bf16 columns each (row r at d + r ds, 16-byte aligned). Two lanes take a
+ * column pair (r, r + 1) and a group of 16 rows n, 8 each, and store 16 bytes to each of the two
+ * rows: a warp's store writes 16 whole 32-byte sectors (a lane alone, half sectors whose other
+ * halves come from another warp). A lane reads one word (r, r + 1) of each of its 8 rows; the
+ * second lane of a pair takes its rows in the order u ^ 4, so that the pair's words fall in
+ * different banks (rows n and n + 8 share a swizzle) and a warp's 32 reads fill the 32 banks
+ * once. It was 2-byte stores from the fragments (S 32, Vn 16, o 16 a thread a step); the
+ * mma.sync pass stores S from its shadow in 16-byte rows too */
+template <int RC>
+static __device__ __forceinline__ void wg_store_t(sbf *d, int ds, const sbf *T, int m) {
+  for (int e = threadIdx.x; e < RC * 4; e += NTW) {   /* 2 halves x RC / 2 column pairs x 4 groups of 16 rows */
+    const int hf = e & 1, f = e >> 1, r = 2 * (f % (RC / 2)), n0 = 16 * (f / (RC / 2)) + 8 * hf, sw = 4 * hf;
+    uint32_t y[8], x[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) y[u] = *(const uint32_t *)(T + wg_off<64>(n0 + (u ^ sw), r));
+#pragma unroll
+    for (int u = 0; u < 8; u++) x[u] = hf ? y[u ^ 4] : y[u];   /* x[u]: row n0 + u */
+    if (r < m)
+      stg16(d + r * ds + n0, __byte_perm(x[0], x[1], 0x5410), __byte_perm(x[2], x[3], 0x5410),
+            __byte_perm(x[4], x[5], 0x5410), __byte_perm(x[6], x[7], 0x5410));
+    if (r + 1 < m)
+      stg16(d + (r + 1) * ds + n0, __byte_perm(x[0], x[1], 0x7632), __byte_perm(x[2], x[3], 0x7632),
+            __byte_perm(x[4], x[5], 0x7632), __byte_perm(x[6], x[7], 0x7632));
+  }
+}
 #endif
 
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
@@ -109,6 +143,8 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
   st_shadow(g0, rn0, cq0);
   if (cf < cl) wg_stage_parts(p, w, tu, tl, cf, h, c0, SG_U | SG_W | SG_QG | SG_A);
   cp_async_commit();
+  sbf *o0p = nullptr;                               /* the previous chunk's o (row 0) and rows */
+  int mp = 0;
   for (int ci = cf; ci < cl; ci++) {
     /* the thread's indices, opaque to the compiler each step, so that the addresses formed from
      * them are formed where they are used instead of hoisted out of the loop (which held ~60 of
@@ -122,13 +158,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     sbf *o0 = (sbf *)o + (t0 * HV + h) * V + c0;      /* chunk row 0, the block's first column */
     wg_proxy_fence();                                 /* St (this thread's stores) to the wgmma reads */
     __syncthreads();                                  /* the previous update's readers of kg, Vt done; St whole */
-    if (w.h) {                                        /* the state entering the chunk, bf16 [K][V] */
-      sbf *d = (sbf *)w.h + (int64_t)ci * HV * K * V + h * K * V + c0;
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) d[(64 * g + 8 * j + cq + (q & 1)) * V + rn + 8 * (q >> 1)] = __float2bfloat16(s[4 * j + q]);
-    }
+    if (ci > cf) wg_store_t<C>(o0p, HVV, Vt, mp);      /* the previous chunk's o, parked in Vt */
+    if (w.h)                                          /* the state entering the chunk, bf16 [K][V] */
+      wg_store_t<K>((sbf *)w.h + (int64_t)ci * HV * K * V + h * K * V + c0, (int)V, St, K);
     wg_stage_parts(p, w, tu, tl, ci, h, c0, SG_KG);
     cp_async_commit();
     st_glast gl = st_glast_load(p, w, t0, m, h);
@@ -142,21 +174,14 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dW + WG_KADV(k0), k0 > 0);
     wg_commit();
     wg_wait<0>();
-    {
-      sbf *vn0 = w.vn ? (sbf *)w.vn + (t0 * HV + h) * V + c0 : nullptr;
 #pragma unroll
-      for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 4; j++)
 #pragma unroll
-        for (int hq = 0; hq < 2; hq++) {
-          int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
-          __nv_bfloat162 v = __floats2bfloat162_rn(U[i * WG_SB + n] - x[4 * j + 2 * hq], U[(i + 1) * WG_SB + n] - x[4 * j + 2 * hq + 1]);
-          *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = v;
-          if (vn0) {
-            if (i < m) vn0[i * HVV + n] = v.x;
-            if (i + 1 < m) vn0[(i + 1) * HVV + n] = v.y;
-          }
-        }
-    }
+      for (int hq = 0; hq < 2; hq++) {
+        int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
+        *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) =
+            __floats2bfloat162_rn(U[i * WG_SB + n] - x[4 * j + 2 * hq], U[(i + 1) * WG_SB + n] - x[4 * j + 2 * hq + 1]);
+      }
     st_en_store(p, tu, gl);
     cp_async_wait_group<0>();                         /* kg */
     wg_proxy_fence();                                 /* Vt, kg */
@@ -176,18 +201,24 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
 #pragma unroll
     for (int j0 = 0; j0 < C; j0 += 16) wg_m64n64k16<1>(s, dV + WG_KADV(j0), dK + 8 * j0, 1);
     wg_commit();
+    if (w.vn) wg_store_t<C>((sbf *)w.vn + (t0 * HV + h) * V + c0, HVV, Vt, m);   /* beside the products */
     wg_wait<0>();
+    __syncthreads();                                  /* both warpgroups' reads of St, Vt, W, s qg, Aqk done */
+    /* oᵀ parked in Vt (Vnᵀ's layout), stored at the next step's top or after the loop */
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        int n = rn + 8 * (q >> 1), i = 32 * g + 8 * j + cq + (q & 1);
-        if (i < m) o0[i * HVV + n] = __float2bfloat16(x[4 * j + q]);
-      }
-    __syncthreads();                                  /* both warpgroups' reads of St, W, s qg, Aqk done */
+      for (int hq = 0; hq < 2; hq++)
+        *(__nv_bfloat162 *)(Vt + wg_off<64>(rn + 8 * hq, 32 * g + 8 * j + cq)) =
+            __floats2bfloat162_rn(x[4 * j + 2 * hq], x[4 * j + 2 * hq + 1]);
+    o0p = o0, mp = m;
     st_shadow(g, rn, cq);
     if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_W | SG_QG | SG_A);
     cp_async_commit();
+  }
+  if (cf < cl) {
+    __syncthreads();                                  /* the last oᵀ whole in Vt */
+    wg_store_t<C>(o0p, HVV, Vt, mp);
   }
   if (ht)
 #pragma unroll
