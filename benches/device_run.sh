@@ -31,7 +31,8 @@
 #             (WITH_KDA=1); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
-#             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0);
+#             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0; PHASES_ALL=1:
+#             every entry's, for a change whose effect on a kernel's other phases is the question);
 #             KTIMES="3 2": each kernel's duration (ncu, one kernel at a time) at those shapes, last entry
 #             (KTIMES_ALL=1: every entry; the log keeps the total and each kernel's median)
 #   ncu_source one kernel of the bundle's kda_bench (KDA_BIN=NAME: kda_NAME's) under ncu --set full (KERNEL regex, SHAPE
@@ -179,9 +180,10 @@ if [ "$MODE" = kda_multi ]; then
     for n in ${HYBRID:-}; do echo "== hybrid S 64x512, $n"
       env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 2>&1 | grep -E "^(kda|#)" | tail -4; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
-    for sh in ${PSHAPES:-0}; do echo "== $last phases, shape $sh (0: (8,2048,16,128))"
-      [ -x "$(bin "$last")/kda_bench_phases" ] || { echo "no kda_bench_phases in $last's pack (kda_baseline.sh PACK)"; continue; }
-      env $(envof "$last") KDA_BENCH_SHAPE=$sh timeout 90 "$(bin "$last")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"; done
+    for e in $([ "${PHASES_ALL:-0}" = 1 ] && echo $KDA_MULTI || echo $last); do for sh in ${PSHAPES:-0}; do
+      echo "== $e phases, shape $sh (0: (8,2048,16,128))"
+      [ -x "$(bin "$e")/kda_bench_phases" ] || { echo "no kda_bench_phases in $e's pack (kda_baseline.sh PACK)"; continue; }
+      env $(envof "$e") KDA_BENCH_SHAPE=$sh timeout 90 "$(bin "$e")/kda_bench_phases" 2>&1 | grep -vE "^(#|\(|shape)"; done; done
     for e in $([ "${KTIMES_ALL:-0}" = 1 ] && echo $KDA_MULTI || echo $last); do for sh in ${KTIMES:-}; do
       echo "== kernel times, $e, shape $sh (ncu gpu__time_duration, warm launches, each kernel alone)"
       env $(envof "$e") KDA_BENCH_SHAPE=$sh timeout 90 ncu --metrics gpu__time_duration.sum --launch-skip ${KSKIP:-60} \
