@@ -37,8 +37,11 @@ kda: build/core/main.o $(CORE_OBJ) $(CU_OBJ)
 build/core/%.o: core/%.c $(wildcard core/*.h) | build/core
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# KFLAGS_<file>: extra nvcc options for one kernel file (e.g. KFLAGS_kda_tc_bwd="-Xptxas
+# --register-usage-level=3"), the same hook as benches/kda_gpu.sh's, for trying a compiler
+# setting on one file's kernels; none is set by default
 build/cuda/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(NVFLAGS) -c -o $@ $<
+	$(NVCC) $(NVFLAGS) $(KFLAGS_$*) -c -o $@ $<
 build/cuda/kda_state_wg.o: kernels/kda_state_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
 	$(NVCC) $(WGFLAGS) -c -o $@ $<
 

@@ -5,6 +5,8 @@
 # side is the working tree's bundle, benches/bundle.sh). With NAME: .devbuild/kda_NAME.tar.xz, one
 # side of `device_run.sh kda_multi` (several revisions tested and benched in one device call);
 # WITH_KDA=1 also packs that revision's ./kda (the CUDA build), for the hybrid step in kda_multi.
+# KFLAGS_<file>="..." (e.g. KFLAGS_kda_tc_bwd="-Xptxas --register-usage-level=3") builds that
+# kernel file with those extra options (kda_gpu.sh's hook); REVISION then names them.
 # PACK="kda_bench test_kda_cuda" packs only those of the three (default all): the device tool
 # carries 64 MiB in all, a full pack is ~30 MB and kda_bench alone ~9.5 MB, so a kda_multi call of
 # several sides packs kda_bench for each and the test (and the phases) only where they run.
@@ -38,7 +40,7 @@ if [ "${WITH_KDA:-0}" = 1 ]; then
   cp "$WT/kda" "$WT/st/bin/"
 fi
 strip "$WT"/st/bin/*
-echo "$SHORT" > "$WT/st/bin/REVISION"
+{ echo "$SHORT"; env | grep '^KFLAGS_' || true; } | paste -sd' ' > "$WT/st/bin/REVISION"   # the revision and any per-file flags (kda_gpu.sh)
 if [ "${SHARED:-0}" = 1 ]; then
   [ -n "$NAME" ] || { echo "kda_baseline.sh: SHARED=1 needs a NAME" >&2; exit 2; }
   rm -rf .devbuild/packs/kda_$NAME && mkdir -p .devbuild/packs/kda_$NAME && cp -r "$WT/st/bin" .devbuild/packs/kda_$NAME/

@@ -26,12 +26,13 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   # two compile streams side by side (the two largest units lead them; ~half the time on two
   # cores), each nvcc's ptxas report into a log of its own, joined in a fixed order after
   nv() { "$NVCC" $NVFLAGS "$@"; }
-  obj() { nv -Xptxas -v -c "kernels/$1.cu" -o "$B/$1.o" 2> "$B/$1.ptxas"; }
-  ( obj kda_tc_bwd && nv -DKDA_PHASES -c kernels/kda_tc_bwd.cu -o "$B/kda_tc_bwd_phases.o" && obj kda_ops &&
-    obj kda_mat_halves && nv -DKDA_PHASES -c kernels/kda_mat_halves.cu -o "$B/kda_mat_halves_phases.o" ) & s1=$!
-  ( obj kda_tc && nv -DKDA_PHASES -c kernels/kda_tc.cu -o "$B/kda_tc_phases.o" && obj kda_cuda && obj kda_v1 &&
-    obj kda_state_wide && "$NVCC" $WGFLAGS -Xptxas -v -c kernels/kda_state_wg.cu -o "$B/kda_state_wg.o" 2> "$B/kda_state_wg.ptxas" &&
-    "$NVCC" $WGFLAGS tests/gpu/test_wgmma.cu -o "$B/test_wgmma" && nv -DKDA_PHASES -c kernels/kda_state_wide.cu -o "$B/kda_state_wide_phases.o" && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
+  kf() { eval "echo \"\${KFLAGS_$1:-}\""; }   # KFLAGS_<file>: extra options for one kernel file (as the Makefile's; POSIX sh)
+  obj() { nv $(kf $1) -Xptxas -v -c "kernels/$1.cu" -o "$B/$1.o" 2> "$B/$1.ptxas"; }
+  ph() { nv $(kf $1) -DKDA_PHASES -c "kernels/$1.cu" -o "$B/$1_phases.o"; }
+  ( obj kda_tc_bwd && ph kda_tc_bwd && obj kda_ops && obj kda_mat_halves && ph kda_mat_halves ) & s1=$!
+  ( obj kda_tc && ph kda_tc && obj kda_cuda && obj kda_v1 &&
+    obj kda_state_wide && "$NVCC" $WGFLAGS $(kf kda_state_wg) -Xptxas -v -c kernels/kda_state_wg.cu -o "$B/kda_state_wg.o" 2> "$B/kda_state_wg.ptxas" &&
+    "$NVCC" $WGFLAGS tests/gpu/test_wgmma.cu -o "$B/test_wgmma" && ph kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
     gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
   ok=0; wait $s1 || ok=1; wait $s2 || ok=1
   for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_state_wide kda_state_wg kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
