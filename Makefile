@@ -39,11 +39,12 @@ build/core/%.o: core/%.c $(wildcard core/*.h) | build/core
 
 # KFLAGS_<file>: extra nvcc options for one kernel file (e.g. KFLAGS_kda_tc_bwd="-Xptxas
 # --register-usage-level=3"), the same hook as benches/kda_gpu.sh's, for trying a compiler
-# setting on one file's kernels; none is set by default
+# setting on one file's kernels; none is set by default. A flag change alone rebuilds nothing:
+# make -B the object, or build a side with benches/kda_baseline.sh (a fresh worktree)
 build/cuda/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
 	$(NVCC) $(NVFLAGS) $(KFLAGS_$*) -c -o $@ $<
 build/cuda/kda_state_wg.o: kernels/kda_state_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(WGFLAGS) -c -o $@ $<
+	$(NVCC) $(WGFLAGS) $(KFLAGS_kda_state_wg) -c -o $@ $<
 
 build/tests/%: tests/%.c $(CORE_OBJ) $(CU_OBJ) | build/tests
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)

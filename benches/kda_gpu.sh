@@ -26,7 +26,9 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   # two compile streams side by side (the two largest units lead them; ~half the time on two
   # cores), each nvcc's ptxas report into a log of its own, joined in a fixed order after
   nv() { "$NVCC" $NVFLAGS "$@"; }
-  kf() { eval "echo \"\${KFLAGS_$1:-}\""; }   # KFLAGS_<file>: extra options for one kernel file (as the Makefile's; POSIX sh)
+  # KFLAGS_<file>: extra options for one kernel file, as the Makefile's (a flag change alone does
+  # not make this build stale: kda_baseline.sh builds each side in a fresh worktree)
+  kf() { eval "echo \"\${KFLAGS_$1:-}\""; }
   obj() { nv $(kf $1) -Xptxas -v -c "kernels/$1.cu" -o "$B/$1.o" 2> "$B/$1.ptxas"; }
   ph() { nv $(kf $1) -DKDA_PHASES -c "kernels/$1.cu" -o "$B/$1_phases.o"; }
   ( obj kda_tc_bwd && ph kda_tc_bwd && obj kda_ops && obj kda_mat_halves && ph kda_mat_halves ) & s1=$!
