@@ -60,6 +60,7 @@ fi
 rc=0
 # KDA_CUDA_SYNC-style safety: the test synchronises after every case itself.
 "$B/test_wgmma" 2>&1 | tee "$LOG/wgmma_test.log" || true   # the wgmma layouts (kda_state_wg.cu; H100 / H200, else skipped)
+grep -q " 0 failed" "$LOG/wgmma_test.log" || rc=1
 timeout 500 "$B/test_kda_cuda" 2>&1 | tee "$LOG/kda_test.log" || true
 grep -q " 0 failed" "$LOG/kda_test.log" || rc=1
 timeout 300 "$B/kda_bench" 2>&1 | tee "$LOG/kda_bench.log" || rc=1

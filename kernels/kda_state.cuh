@@ -175,7 +175,7 @@ static __device__ __forceinline__ void st_dvn(const st_tiles<sbf> &t, int r, int
   __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
   *(__nv_bfloat162 *)(t.Vb + r * t.DB + c) = __hneg2(v);
   if (r < m && in0) {
-    st2f_u64(g, x0, x1, in1);
+    st2f<true>(g, x0, x1, in1);
     if (!gb) return;
     if (in1 && ((uintptr_t)gb & 3) == 0) *(__nv_bfloat162 *)gb = v;
     else {

@@ -404,23 +404,18 @@ template <class FE> static __device__ __forceinline__ auto pairs2(FE E2) {
   };
 }
 /* dst[0], dst[1] = x0, x1 (n1: dst[1] exists); one store when both exist and dst is 8-byte
- * aligned (fp32) / 4-byte aligned (bf16), else one or two scalar ones */
+ * aligned (fp32) / 4-byte aligned (bf16), else one or two scalar ones. U64: the aligned fp32 pair
+ * as one 64-bit integer store. At the reverse sweeps' dVn store (st_dvn) the front end split the
+ * float2 into two 4-byte stores (SASS, 2026-12-04); the integer form is one STG.E.64 there. H200,
+ * ncu at (8,2048,16,128): k_state_bwd_tc_wide 338.5 -> 314.2 us (2026-12-04s44b). Only there:
+ * everywhere it also moved k_bwd_final_tc's registers and schedule (the same stores) and that
+ * kernel ran 1268 -> 1328 us */
+template <bool U64 = false>
 static __device__ __forceinline__ void st2f(float *dst, float x0, float x1, bool n1) {
-  if (n1 && ((uintptr_t)dst & 7) == 0) *(float2 *)dst = make_float2(x0, x1);
-  else {
-    dst[0] = x0;
-    if (n1) dst[1] = x1;
-  }
-}
-/* st2f with the aligned pair as one 64-bit integer store. At the reverse sweeps' dVn store
- * (st_dvn) the front end split st2f's float2 into two 4-byte stores (SASS, 2026-12-04); there
- * this form is one STG.E.64. H200, ncu at (8,2048,16,128): k_state_bwd_tc_wide 338.5 -> 314.2
- * us (2026-12-04s44b). Only there: as st2f itself it also moved k_bwd_final_tc's registers
- * and schedule (same stores) and that kernel ran 1268 -> 1328 us */
-static __device__ __forceinline__ void st2f_u64(float *dst, float x0, float x1, bool n1) {
-  if (n1 && ((uintptr_t)dst & 7) == 0)
-    *(unsigned long long *)dst = (unsigned long long)__float_as_uint(x1) << 32 | __float_as_uint(x0);
-  else {
+  if (n1 && ((uintptr_t)dst & 7) == 0) {
+    if constexpr (U64) *(unsigned long long *)dst = (unsigned long long)__float_as_uint(x1) << 32 | __float_as_uint(x0);
+    else *(float2 *)dst = make_float2(x0, x1);
+  } else {
     dst[0] = x0;
     if (n1) dst[1] = x1;
   }
