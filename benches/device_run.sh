@@ -20,7 +20,7 @@
 #             the bundle's: the new test (KDA_AB_ENV applied), then kda_bench alternating A B A B,
 #             the new side's precise backward and its phase timers at KDA_BENCH_SHAPE=0; one log
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME, or
-#             staged with SHARED=1 and packed together by kda_baseline.sh --shared: kda_packs.tar.xz):
+#             staged with SHARED=1 and packed together by kda_baseline.sh --shared: kda_packs*.tar.xz):
 #             KDA_MULTI="main new new@KDA_KDA_COMPACT=0 ..." (NAME[@ENV=V,...]); each entry of
 #             TESTS runs its full test; then kda_bench in ROUNDS (2) rounds alternating over
 #             KDA_MULTI; the precise backward of PRECISE (default all); MEMCHECK="NAME ..." memcheck
@@ -155,7 +155,7 @@ if [ "$MODE" = kda_multi ]; then
   bin() { echo "/tmp/kda_${1%%@*}/bin"; }                      # NAME[@ENV] -> its unpacked bin folder
   envof() { case "$1" in *@*) echo "${1#*@}" | tr ',' ' ';; esac; }
   races=$(echo "${RACE:-}" | tr '|' '\n' | sed 's/:.*//')           # every name any list mentions
-  [ -f .devbuild/kda_packs.tar.xz ] && tar -xJf .devbuild/kda_packs.tar.xz -C /tmp   # the shared archive's sides (kda_baseline.sh --shared)
+  for a in .devbuild/kda_packs*.tar.xz; do [ -f "$a" ] && tar -xJf "$a" -C /tmp; done   # the shared archives' sides (kda_baseline.sh --shared)
   for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
     mkdir -p /tmp/kda_$n && tar -xJf .devbuild/kda_$n.tar.xz -C /tmp/kda_$n; done
   for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; echo "$n = $(cat /tmp/kda_$n/bin/REVISION 2>/dev/null || echo missing)"; done |

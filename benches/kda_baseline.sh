@@ -12,15 +12,25 @@
 # several sides packs kda_bench for each and the test (and the phases) only where they run.
 # SHARED=1 (with NAME): the binaries go to .devbuild/packs/kda_NAME instead of a pack of their own;
 # then `benches/kda_baseline.sh --shared` packs every side staged there into one archive,
-# .devbuild/kda_packs.tar.xz, which device_run.sh kda_multi unpacks first. The sides' binaries
+# .devbuild/kda_packs.tar.xz (`--shared TAG NAME...`: those sides into kda_packs_TAG.tar.xz),
+# which device_run.sh kda_multi unpacks first (every kda_packs*.tar.xz the call carries). The sides' binaries
 # share most of their bytes, so one archive is far smaller: five kda_bench sides (one with its
 # test) 48 MB in five packs, 12.5 MB in one (2026-12-04).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --shared ]; then
+  # --shared [TAG NAME...]: only the sides named, into .devbuild/kda_packs_TAG.tar.xz, so that
+  # two device calls carry two archives when one would pass the 64 MiB carry limit
   [ -d .devbuild/packs ] || { echo "kda_baseline.sh --shared: nothing staged in .devbuild/packs (run it with SHARED=1 REV NAME first)" >&2; exit 2; }
-  tar -C .devbuild/packs -cf - $(ls .devbuild/packs) | xz -9 -T2 > .devbuild/kda_packs.tar.xz   # the sides by name: not "." (its mode would land on /tmp)
-  ls .devbuild/packs; ls -la .devbuild/kda_packs.tar.xz
+  OUTA=.devbuild/kda_packs.tar.xz SIDES=$(ls .devbuild/packs)
+  if [ $# -ge 2 ]; then
+    OUTA=.devbuild/kda_packs_$2.tar.xz; shift 2; SIDES=""
+    for n in "$@"; do [ -d .devbuild/packs/kda_$n ] || { echo "kda_baseline.sh --shared: side '$n' is not staged (.devbuild/packs/kda_$n)" >&2; exit 2; }
+      SIDES="$SIDES kda_$n"; done
+  fi
+  tar -C .devbuild/packs -cf - $SIDES | xz -9 -T2 > $OUTA   # the sides by name: not "." (its mode would land on /tmp)
+  echo $SIDES; ls -la $OUTA
+  [ $(stat -c %s $OUTA) -lt 67108864 ] || echo "kda_baseline.sh --shared: $OUTA is over the device's 64 MiB carry: pack fewer sides (--shared TAG NAME...)" >&2
   exit 0
 fi
 REV=${1:-HEAD}
