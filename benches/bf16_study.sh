@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# benches/bf16_study.sh — the precision cost of bf16 scratch for the final kernel's dQ, dKi, on the
+# CPU: builds benches/bf16_study.c against core/kda_ref.c and against a copy of it patched by
+# benches/results/wip/2026-12-04s45-bf16study.patch (its public functions renamed *_b16), and runs it.
+# Needs gcc and patch; no GPU. Prints one line of RMS ratios a case.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=$(mktemp -d /tmp/kda_bf16.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+cp core/kda_ref.c "$T/kda_ref_b16.c"
+patch -s "$T/kda_ref_b16.c" < benches/results/wip/2026-12-04s45-bf16study.patch ||
+  { echo "bf16_study.sh: the study patch no longer applies to core/kda_ref.c: redo it against the current file" >&2; exit 1; }
+REN=""
+for f in kda_kda_nseq kda_kda_check_args kda_kdaref_forward kda_kdaref_backward kda_kdaref_recurrent64 \
+         kda_kdaref_recurrent64_backward kda_kdaref_step kda_convref_forward kda_convref_backward kda_convref_step; do
+  REN="$REN -D$f=${f}_b16"
+done
+CF="-O2 -std=c11 -Icore -Wall"
+gcc $CF -c -o "$T/a.o" core/kda_ref.c
+gcc $CF -c -o "$T/u.o" core/util.c
+# the control first: the patched sums with the rounding off (B16_IDENTITY) must match the
+# reference to fp32 summation order (~1e-7), else the patch changed more than the rounding
+for v in control study; do
+  gcc $CF $REN $([ $v = control ] && echo -DB16_IDENTITY) -c -o "$T/b.o" "$T/kda_ref_b16.c"
+  gcc $CF -o "$T/$v" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
+done
+echo "== control (rounding off)"
+"$T/control" | tail -n +2
+echo "== study"
+"$T/study"
