@@ -155,7 +155,9 @@ if [ "$MODE" = kda_multi ]; then
   bin() { echo "/tmp/kda_${1%%@*}/bin"; }                      # NAME[@ENV] -> its unpacked bin folder
   envof() { case "$1" in *@*) echo "${1#*@}" | tr ',' ' ';; esac; }
   races=$(echo "${RACE:-}" | tr '|' '\n' | sed 's/:.*//')           # every name any list mentions
-  for a in .devbuild/kda_packs*.tar.xz; do [ -f "$a" ] && tar -xJf "$a" -C /tmp; done   # the shared archives' sides (kda_baseline.sh --shared)
+  # the shared archives' sides (kda_baseline.sh --shared); PACKS names this call's archives (a warm
+  # machine keeps an earlier call's carried files), else every kda_packs*.tar.xz there
+  for a in ${PACKS:-.devbuild/kda_packs*.tar.xz}; do [ -f "$a" ] && tar -xJf "$a" -C /tmp; done
   for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; [ -d /tmp/kda_$n ] && continue
     mkdir -p /tmp/kda_$n && tar -xJf .devbuild/kda_$n.tar.xz -C /tmp/kda_$n; done
   for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; echo "$n = $(cat /tmp/kda_$n/bin/REVISION 2>/dev/null || echo missing)"; done |
