@@ -1,14 +1,15 @@
-/* bf16_study.c — what bf16 scratch for the final kernel's dQ, dKi would cost in precision, on the
- * CPU (no GPU needed). Built and run by benches/bf16_study.sh, which links two copies of the CPU
- * reference: core/kda_ref.c as it is (fp32 chunked backward) and a patched one
+/* bf16_study.c — what bf16 storage of the fast backward's fp32 intermediates would cost in
+ * precision, on the CPU (no GPU needed). Built and run by benches/bf16_study.sh, which links two
+ * copies of the CPU reference: core/kda_ref.c as it is (fp32 chunked backward) and a patched one
  * (benches/results/wip/2026-12-04s45-bf16study.patch, its functions renamed *_b16) that rounds
- * where the fast CUDA backward would round with that scratch in bf16:
- *   the rows kernel's raw products dO S0^T and Vn dS^T (stored bf16, read by the final kernel);
- *   dq's scratch after the diagonal blocks' terms and again after the off-diagonal (row) terms;
- *   dKi's scratch after the diagonal blocks' column terms and again after the column products;
- *   dG, R' (dKb's gradient), dbeta read fp32 terms, as the final kernel's epilogues do.
+ * to bf16 where the CUDA kernels would store in bf16, one intermediate a build (B16_MASK):
+ *   1: the dQ, dKi scratch (wip/b16s): the rows kernel's raw products dO S0^T and Vn dS^T; dq's
+ *      scratch after the diagonal blocks' terms and again after the row terms; dKi's after the
+ *      diagonal blocks' column terms and again after the column products (dG, R', dbeta read
+ *      the terms in fp32, as the final kernel's epilogues do);
+ *   2: dW (rows -> mat), 4: dKb (mat -> final), 8: dA (rows -> final), 16: dL (mat -> final).
  * It prints, per case, the RMS ratio (fla's metric, KDA.md §7.2: rms(x - ref) / rms(ref)) of the
- * patched gradients against the unpatched ones: the error the scratch would add to the fast
+ * patched gradients against the unpatched ones: the error that storage would add to the fast
  * path's own (test_kda_cuda's figures, e.g. dq 2.4e-3 against a 0.008 threshold). */
 #include <math.h>
 #include <stdint.h>
@@ -17,6 +18,9 @@
 #include <string.h>
 #include "kda.h"
 #include "kda_ref.h"
+#ifndef STUDY_LABEL
+#define STUDY_LABEL "the dQ, dKi scratch"
+#endif
 
 int kda_kdaref_backward_b16(const kda_kda_args *a, const float *q, const float *k, const float *v,
                             const float *g, const float *beta, const float *A_log, const float *dt_bias,
@@ -85,11 +89,12 @@ int main(void) {
       {"K=V=64 T=300, g = logsigmoid(randn)", 2, 300, 2, 64, KDA_GATE_LOG, 1, 0},
       {"K=V=128 T=300, g = logsigmoid(randn)", 2, 300, 2, 128, KDA_GATE_LOG, 1, 0},
       {"K=V=128 T=512, weak decay (logsigmoid / 10)", 1, 512, 2, 128, KDA_GATE_LOG, 0.1, 0},
+      {"K=V=128 T=512, near none (logsigmoid / 100)", 1, 512, 2, 128, KDA_GATE_LOG, 0.01, 0},
       {"K=V=64 T=300, strong (logsigmoid x 10)", 2, 300, 2, 64, KDA_GATE_LOG, 10, 0},
       {"K=V=64 T=300, 30% of g = -1000", 2, 300, 2, 64, KDA_GATE_LOG, 1, 0.3},
       {"K=V=128 T=300, softplus gate (A_log, dt_bias)", 2, 300, 2, 128, KDA_GATE_SOFTPLUS, 1, 0},
   };
-  printf("bf16 dQ / dKi scratch against fp32, RMS ratios (the error it would add to the fast path)\n");
+  printf("%s in bf16 against fp32, RMS ratios (the error it would add to the fast path)\n", STUDY_LABEL);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run(&cases[i]);
   return 0;
 }

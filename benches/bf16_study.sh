@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# benches/bf16_study.sh — the precision cost of bf16 scratch for the final kernel's dQ, dKi, on the
-# CPU: builds benches/bf16_study.c against core/kda_ref.c and against a copy of it patched by
-# benches/results/wip/2026-12-04s45-bf16study.patch (its public functions renamed *_b16), and runs it.
+# benches/bf16_study.sh — the precision cost of storing the fast backward's fp32 intermediates in
+# bf16 (the dQ, dKi scratch; dW, dKb, dA, dL), on the CPU: builds benches/bf16_study.c against
+# core/kda_ref.c and against a copy of it patched by benches/results/wip/2026-12-04s45-bf16study.patch
+# (its public functions renamed *_b16), once per intermediate, and runs each.
 # Needs gcc and patch; no GPU. Prints one line of RMS ratios a case.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +20,12 @@ CF="-O2 -std=c11 -Icore -Wall"
 gcc $CF -c -o "$T/a.o" core/kda_ref.c
 gcc $CF -c -o "$T/u.o" core/util.c
 # the control first: the patched sums with the rounding off (B16_IDENTITY) must match the
-# reference to fp32 summation order (~1e-7), else the patch changed more than the rounding
-for v in control study; do
-  gcc $CF $REN $([ $v = control ] && echo -DB16_IDENTITY) -c -o "$T/b.o" "$T/kda_ref_b16.c"
-  gcc $CF -o "$T/$v" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
+# reference to fp32 summation order (~1e-7), else the patch changed more than the rounding; then
+# one intermediate at a time (B16_MASK, the patch's list)
+for v in "control:-DB16_IDENTITY:rounding off (control)" "m1:-DB16_MASK=1:the dQ, dKi scratch" "m2:-DB16_MASK=2:dW" \
+         "m4:-DB16_MASK=4:dKb" "m8:-DB16_MASK=8:dA" "m16:-DB16_MASK=16:dL"; do
+  n=${v%%:*} r=${v#*:}; fl=${r%%:*} lab=${r#*:}
+  gcc $CF $REN $fl -c -o "$T/b.o" "$T/kda_ref_b16.c"
+  gcc $CF "-DSTUDY_LABEL=\"$lab\"" -o "$T/$n" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
+  echo "== $n"; "$T/$n"
 done
-echo "== control (rounding off)"
-"$T/control" | tail -n +2
-echo "== study"
-"$T/study"
