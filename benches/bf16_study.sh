@@ -26,6 +26,6 @@ for v in "control:-DB16_IDENTITY:rounding off (control)" "m1:-DB16_MASK=1:the dQ
          "m4:-DB16_MASK=4:dKb" "m8:-DB16_MASK=8:dA" "m16:-DB16_MASK=16:dL"; do
   n=${v%%:*} r=${v#*:}; fl=${r%%:*} lab=${r#*:}
   gcc $CF $REN $fl -c -o "$T/b.o" "$T/kda_ref_b16.c"
-  gcc $CF "-DSTUDY_LABEL=\"$lab\"" -o "$T/$n" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
+  gcc $CF "-DSTUDY_LABEL=\"$lab\"" $([ $n = control ] && echo -DB16_CONTROL) -o "$T/$n" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
   echo "== $n"; "$T/$n"
 done
