@@ -30,7 +30,12 @@ if [ "${1:-}" = --shared ]; then
   fi
   tar -C .devbuild/packs -cf - $SIDES | xz -9 -T2 > $OUTA   # the sides by name: not "." (its mode would land on /tmp)
   echo $SIDES; ls -la $OUTA
-  [ $(stat -c %s $OUTA) -lt 67108864 ] || echo "kda_baseline.sh --shared: $OUTA is over the device's 64 MiB carry: pack fewer sides (--shared TAG NAME...)" >&2
+  # what a call carrying it would send: the tracked and untracked-not-ignored files, the bundle, it
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{t += $1} END {print t + 0}')
+  bun=$(stat -c %s .devbuild/bundle.tar.xz 2>/dev/null || echo 0)
+  tot=$((tree + bun + $(stat -c %s $OUTA)))
+  echo "with the working tree ($tree bytes) and .devbuild/bundle.tar.xz ($bun): $tot of the device's 67108864 (64 MiB)"
+  [ $tot -lt 67108864 ] || echo "kda_baseline.sh --shared: a call carrying $OUTA and the bundle would send over the device's 64 MiB: pack fewer sides (--shared TAG NAME...)" >&2
   exit 0
 fi
 REV=${1:-HEAD}
