@@ -25,6 +25,7 @@ if [ "${1:-}" = --shared ]; then
   OUTA=.devbuild/kda_packs.tar.xz SIDES=$(ls .devbuild/packs)
   if [ $# -ge 2 ]; then
     OUTA=.devbuild/kda_packs_$2.tar.xz; shift 2; SIDES=""
+    [ $# -ge 1 ] || { echo "kda_baseline.sh --shared TAG: name the sides to pack after the tag (--shared TAG NAME...)" >&2; exit 2; }
     for n in "$@"; do [ -d .devbuild/packs/kda_$n ] || { echo "kda_baseline.sh --shared: side '$n' is not staged (.devbuild/packs/kda_$n)" >&2; exit 2; }
       SIDES="$SIDES kda_$n"; done
   fi
