@@ -7,7 +7,8 @@
  *      scratch after the diagonal blocks' terms and again after the row terms; dKi's after the
  *      diagonal blocks' column terms and again after the column products (dG, R', dbeta read
  *      the terms in fp32, as the final kernel's epilogues do);
- *   2: dW (rows -> mat), 4: dKb (mat -> final), 8: dA (rows -> final), 16: dL (mat -> final).
+ *   2: dW (rows -> mat), 4: dKb (mat -> final), 8: dA (rows -> final), 16: dL (mat -> final);
+ *   32: the forward's kept Kb and 64 its M, where the mat kernel reads them.
  * It prints, per case, the RMS ratio (fla's metric, KDA.md §7.2: rms(x - ref) / rms(ref)) of the
  * patched gradients against the unpatched ones: the error that storage would add to the fast
  * path's own (test_kda_cuda's figures, e.g. dq 2.4e-3 against a 0.008 threshold). */
