@@ -94,6 +94,7 @@ int main(void) {
       {"K=V=128 T=300, g = logsigmoid(randn)", 2, 300, 2, 128, KDA_GATE_LOG, 1, 0},
       {"K=V=128 T=512, weak decay (logsigmoid / 10)", 1, 512, 2, 128, KDA_GATE_LOG, 0.1, 0},
       {"K=V=128 T=512, near none (logsigmoid / 100)", 1, 512, 2, 128, KDA_GATE_LOG, 0.01, 0},
+      {"K=V=64 T=300, none (g = 0, DeltaNet)", 2, 300, 2, 64, KDA_GATE_LOG, 0, 0},
       {"K=V=64 T=300, strong (logsigmoid x 10)", 2, 300, 2, 64, KDA_GATE_LOG, 10, 0},
       {"K=V=64 T=300, 30% of g = -1000", 2, 300, 2, 64, KDA_GATE_LOG, 1, 0.3},
       {"K=V=128 T=300, softplus gate (A_log, dt_bias)", 2, 300, 2, 128, KDA_GATE_SOFTPLUS, 1, 0},
