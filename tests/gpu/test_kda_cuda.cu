@@ -367,8 +367,8 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
     /* the wide forward pass on warpgroup MMAs (kda_cuda.cu use_wg: on by default on an H100 /
-     * H200 at K = V = 128; the test runs with KDA_KDA_WG=0, main's setting, so that the
-     * comparisons above stay bit for bit): KDA_KDA_WG=1 with the wide passes forced; its sums
+     * H200 at K = V = 128; this test's main() sets KDA_KDA_WG=0, so that the comparisons above
+     * stay bit for bit): KDA_KDA_WG=1 with the wide passes forced; its sums
      * run in the tensor cores' order, so a kept forward and its backward are held to the CPU
      * reference's tolerances */
     int dev_ = 0, maj_ = 0;
@@ -379,7 +379,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       setenv("KDA_KDA_WIDE", "1", 1);
       rc = kept_run("KDA_KDA_WG", "1", 1, got);
       unsetenv("KDA_KDA_WIDE");
-      setenv("KDA_KDA_WG", "0", 1);                 /* back to the mma.sync passes (main's setting) */
+      setenv("KDA_KDA_WG", "0", 1);                 /* back to the mma.sync passes, as main() set it */
       std::string nm = std::string(name) + ": wgmma forward state pass (KDA_KDA_WG=1)";
       if (rc) printf("FAIL - %s: %s\n", nm.c_str(), kda_last_error()), nfail++;
       else {
