@@ -5,6 +5,8 @@
 -- before it excluded), peak memory, the last step's per-stage GPU times, and a CUDA-vs-CPU loss
 -- check on a tiny model.
 --   kda --trust benches/gpt_bench.lua size=S batch=8 seq=512 steps=120 [arch=hybrid] [optimizer=muon] [first=1]
+-- hd=N (arch=hybrid): the KDA layers' head dim (default d / heads; hd=128 at size S runs the
+-- compiled K = V = 128 kernels, the bench shapes' large heads, on a small model)
 local kda = require "kda"
 local ffi = require "ffi"
 local C = kda.C
@@ -23,7 +25,7 @@ if opt.first ~= 1 and (type(opt.steps) ~= "number" or opt.steps < 52) then   -- 
 end
 local train = require "kda.train"
 local function model(cfg)
-  if opt.arch == "hybrid" then return kda.nn.hybrid { d = cfg.d, layers = cfg.layers, heads = cfg.heads } end
+  if opt.arch == "hybrid" then return kda.nn.hybrid { d = cfg.d, layers = cfg.layers, heads = cfg.heads, head_dim = cfg.hd } end
   return kda.nn.GPT(cfg)
 end
 
@@ -48,6 +50,12 @@ if opt.check == 1 then -- tiny model: the first losses on CUDA and CPU agree wit
 end
 
 local mcfg = sizes[opt.size]
+if opt.hd ~= nil then
+  if opt.arch ~= "hybrid" or type(opt.hd) ~= "number" or opt.hd < 1 or opt.hd % 1 ~= 0 then
+    error(("gpt_bench: hd=%s: a whole head dim, with arch=hybrid"):format(tostring(opt.hd)), 0)
+  end
+  mcfg.hd = opt.hd
+end
 local cfg = { model = model(mcfg), optimizer = opt.optimizer, batch = opt.batch, seq = opt.seq, steps = opt.steps, lr = 3e-3, warmup = 10,
               schedule = "cosine", min_lr_frac = 0.1, decay_frac = 0.2, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95,
               eps = 1e-8, clip = 1.0 }
