@@ -28,8 +28,8 @@
 #             racecheck filters (each under RACE_TIMEOUT s, 90 by default: "K=V=128 T=300"
 #             ran past 90; RACE_KERNEL=NAME checks only kernels whose name holds NAME, the rest
 #             run unchecked at full speed); HYBRID entries the hybrid S 64x512 step with their kda
-#             (WITH_KDA=1; HYBRID_ARGS adds gpt_bench options, e.g. hd=128: the KDA layers at
-#             the compiled K = V = 128); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
+#             (WITH_KDA=1; HYBRID_ARGS="|hd=128" runs it once a '|'-separated list of extra
+#             gpt_bench options: the default, then the KDA layers at K = V = 128); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
 #             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0; PHASES_ALL=1:
@@ -180,8 +180,9 @@ if [ "$MODE" = kda_multi ]; then
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
       echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\(|^# first call"; done; done
     for e in ${PRECISE:-$KDA_MULTI}; do echo "== $e, KDA_KDA_PRECISE=1"; env $(envof "$e") KDA_KDA_PRECISE=1 timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep "fwd+bwd"; done
-    for n in ${HYBRID:-}; do echo "== hybrid S 64x512${HYBRID_ARGS:+ $HYBRID_ARGS}, $n"
-      env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 ${HYBRID_ARGS:-} 2>&1 | grep -E "^(kda|#)" | tail -4; done
+    IFS='|' read -r -a hvars <<< "${HYBRID_ARGS:-}"; [ ${#hvars[@]} -gt 0 ] || hvars=("")
+    for ha in "${hvars[@]}"; do for n in ${HYBRID:-}; do echo "== hybrid S 64x512${ha:+ $ha}, $n"
+      env $(envof "$n") timeout 120 "$(bin "$n")/kda" --trust benches/gpt_bench.lua size=S batch=64 seq=512 arch=hybrid steps=120 check=0 $ha 2>&1 | grep -E "^(kda|#)" | tail -4; done; done
     last=$(echo $KDA_MULTI | awk '{print $NF}')
     for e in $([ "${PHASES_ALL:-0}" = 1 ] && echo $KDA_MULTI || echo $last); do for sh in ${PSHAPES:-0}; do
       echo "== $e phases, shape $sh (0: (8,2048,16,128))"
