@@ -390,6 +390,23 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
                              {"dbeta", &db, &db4, 0.02, 0}, {"dh0", &dh0, &dh04, 0.008, 0}});
       }
     }
+    /* the compiled K = V = 64 forms in their wide layouts (KDA_KDA_COMPACT=0): the H200 runs the
+     * compact ones there (two blocks an SM), a card with less shared memory an SM runs these, and
+     * no other path here does (the fourth runs the wide layouts in their run-time forms). Held to
+     * the CPU reference's tolerances, as the tensor-core path is */
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc) {
+      std::vector<std::vector<char>> got;
+      rc = kept_run("KDA_KDA_COMPACT", "0", 1, got);
+      std::string nm = std::string(name) + ": the compiled K = 64 forms' wide layouts (KDA_KDA_COMPACT=0)";
+      if (rc) printf("FAIL - %s: %s\n", nm.c_str(), kda_last_error()), nfail++;
+      else {
+        vf o5 = host_bf16(od, p.nv), ht5 = host_f32(htd, p.ns), dq5 = host_bf16(dqd, p.nq), dk5 = host_bf16(dkd, p.nq);
+        vf dv5 = host_bf16(dvd, p.nv), dg5 = host_bf16(dgd, p.ng), db5 = host_bf16(dbd, p.nb), dh05 = host_f32(dh0d, p.ns);
+        verdict(nm.c_str(), {{"o", &o, &o5, 0.005, 0}, {"ht", &ht, &ht5, 0.005, 0}, {"dq", &dq, &dq5, 0.008, 0},
+                             {"dk", &dk, &dk5, 0.008, 0}, {"dv", &dv, &dv5, 0.008, 0}, {"dg", &dg, &dg5, 0.02, 0},
+                             {"dbeta", &db, &db5, 0.02, 0}, {"dh0", &dh0, &dh05, 0.008, 0}});
+      }
+    }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
      * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
      * K = 64 with a third tile set, db_sets) against 32 (=32): a kept forward and its backward,
