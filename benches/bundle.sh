@@ -3,7 +3,8 @@
 # carried by the device tool): ./kda (CUDA build, stripped), the GPU test and bench binaries,
 # the KDA kernels' test and bench, the runtime libraries the H200 image may lack, and the small prose corpus.
 # BASE=1: only the libraries and REVISION, no build (what `device_run.sh kda_multi` needs when
-# every side it runs is a kda_NAME pack of benches/kda_baseline.sh and no HYBRID entry runs).
+# every side it runs is a kda_NAME pack of benches/kda_baseline.sh and no HYBRID entry runs);
+# BASE=1 DATA=1 adds the small prose corpus, which a HYBRID entry (gpt_bench) trains on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 st=.devbuild/stage
@@ -14,6 +15,10 @@ if [ "${BASE:-0}" != 1 ]; then
   BUILD_ONLY=1 OUT=build/kda_gpu sh benches/kda_gpu.sh >/dev/null   # the KDA kernels' test and bench, built here (nvcc, sm_90)
   cp kda build/gpu/test_cuda_ops build/gpu/cuda_ops_bench build/kda_gpu/test_kda_cuda build/kda_gpu/kda_bench build/kda_gpu/kda_bench_phases "$st/bin/"
   strip "$st/bin/"*
+  mkdir -p "$st/data"; cp data/small/prose.txt "$st/data/"
+  parts="bin lib data"
+elif [ "${DATA:-0}" = 1 ]; then
+  [ -f data/small/prose.txt ] || { echo "bundle.sh: DATA=1 needs data/small/prose.txt: run 'bash vendor/data.sh small' first" >&2; exit 2; }
   mkdir -p "$st/data"; cp data/small/prose.txt "$st/data/"
   parts="bin lib data"
 fi
