@@ -29,7 +29,8 @@
 #             ran past 90; RACE_KERNEL=NAME checks only kernels whose name holds NAME, the rest
 #             run unchecked at full speed); HYBRID entries the hybrid S 64x512 step with their kda
 #             (WITH_KDA=1; HYBRID_ARGS="|hd=128" runs it once a '|'-separated list of extra
-#             gpt_bench options: the default, then the KDA layers at K = V = 128); phases of KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
+#             gpt_bench options: the default, then the KDA layers at K = V = 128); phases of
+#             KDA_MULTI's last entry; NCU="k_bwd_final_tc k_intra_tc ..."
 #             profiles those kernels of the last entry at SHAPE (ncu --set full; the details'
 #             headline and benches/ncu_sass_mix.py's stall and opcode mix, into the same log)
 #             PSHAPES="0 3": the phase counters at those kda_bench shapes (default 0; PHASES_ALL=1:
