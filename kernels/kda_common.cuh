@@ -290,6 +290,7 @@ static inline __host__ __device__ constexpr int db_sets(int kv, int nv) { return
 #define KDA_PH_PHASES 12
 #ifdef KDA_PHASES   /* kda_phase_cyc: one per file that marks phases (kda_tc.cuh) */
 void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc_bwd.cu's, into c */
+void kda_phase_take_final(unsigned long long (*c)[KDA_PH_PHASES + 1]); /* kda_final_tc.cu's */
 void kda_phase_take_mat(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_mat_halves.cu's */
 void kda_phase_take_wide(unsigned long long (*c)[KDA_PH_PHASES + 1]);  /* kda_state_wide.cu's */
 #define PH_INIT(kid)                                                                        \

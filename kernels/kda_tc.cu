@@ -904,6 +904,7 @@ extern "C" void kda_phase_report(const char *title) {
   cudaDeviceSynchronize();
   kda_phase_take(c);                               /* this file's kernels */
   kda_phase_take_bwd(c);                           /* kda_tc_bwd.cu's */
+  kda_phase_take_final(c);                         /* kda_final_tc.cu's */
   kda_phase_take_mat(c);                           /* kda_mat_halves.cu's */
   kda_phase_take_wide(c);                          /* kda_state_wide.cu's */
   printf("# phases: %s (mean cycles per block; share of the kernel's marked time)\n", title);
