@@ -346,6 +346,9 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 /* the fast mat kernel at K = V = 128 in three staging rounds, two blocks an SM (kda_mat_halves.cu) */
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
+/* the same on warpgroup MMAs, tf32 (kda_mat_wg.cu: sm_90a only; four rounds, two blocks an SM) */
+mat_tc_fn k_bwd_mat_wg_ptr(void);
+size_t smem_mat_wg(void);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
  * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep

@@ -395,7 +395,8 @@ static void preload_kernels(int kv) {
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
-  if (kv == 128 && cc_major() == 9) ld((const void *)k_state_fwd_tc_wg_ptr());   /* sm_90a's image only */
+  if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
+    ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_bwd_mat_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -492,6 +493,14 @@ static int use_compact(size_t wide, size_t compact) {
 static int use_mat_halves(int prec, int kv) {
   const char *e = getenv("KDA_KDA_MATH");
   return !prec && kv == 128 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_tc_halves(64, 128, 128) <= smem_per_sm();
+}
+/* The halves kernel's products on warpgroup MMAs (kda_mat_wg.cu: sm_90a, tf32, four rounds)
+ * wherever the halves kernel would run on an H100 / H200; KDA_KDA_MATWG=0 turns it off (read
+ * per call: test_kda_cuda keeps its bit-for-bit comparisons on the halves kernel and checks
+ * this one against the CPU reference) */
+static int use_mat_wg(int mh) {
+  const char *e = getenv("KDA_KDA_MATWG");
+  return mh && cc_major() == 9 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_wg() <= smem_per_sm();
 }
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
@@ -861,11 +870,16 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (mcm) sm = smc;
     auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv);
     const int mh = use_mat_halves(prec, kv);
+    const int mwg = use_mat_wg(mh);
     if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
-    if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc")) return -1;
+    if (mwg) kmt = k_bwd_mat_wg_ptr(), sm = smem_mat_wg();
+    if (smem_opt_in((const void *)kmt, sm, a, op,
+                    prec ? "k_bwd_mat_tc_p" : mwg ? "k_bwd_mat_wg" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc"))
+      return -1;
     if ((mcm || mh) && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
-    if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
+    if (mwg) LAUNCH_OK("k_bwd_mat_wg", "kda_kda_cuda_backward");
+    else if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
     else LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));

@@ -4,7 +4,8 @@
  * ([n][k]) or MN-major ([k][n], the transpose bit), N = 64 or 32 from a column offset n0 (the
  * descriptors of a row offset, and of the second atom of an MN-major tile, as
  * kda_state_wg.cu's kg). Operands are multiples of 1/4 in [-2, 2], so every product and sum is
- * exact in fp32: D must match bit for bit. Ends with "N passed, N failed". */
+ * exact in fp32: D must match bit for bit. The tf32 form (fp32 tiles, both operands K-major,
+ * kda_mat_wg.cu's) likewise. Ends with "N passed, N failed". */
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -50,6 +51,38 @@ __global__ void k_wg_test(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float 
 #endif
 }
 
+/* tf32: A 64 x 64 and B (64 rows n, 64 columns k) fp32, both K-major (two 32-column atoms: the
+ * k steps cross from one to the next), D = A B^T's columns n0 .. n0 + N */
+enum { KF = 64, NF = 64 };
+template <int N>
+__global__ void k_wgf_test(const float *a, const float *b, float *d, int n0) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t raw[];
+  float *As = (float *)(raw + ((1024 - (__cvta_generic_to_shared(raw) & 1023)) & 1023)), *Bs = As + M * KF;
+  int t = threadIdx.x;
+  for (int e = t; e < M * KF; e += 128) As[wf_off<M>(e / KF, e % KF)] = a[e];
+  for (int e = t; e < NF * KF; e += 128) Bs[wf_off<NF>(e / KF, e % KF)] = b[e];
+  wg_proxy_fence();
+  __syncthreads();
+  float acc[N / 2];
+  for (int i = 0; i < N / 2; i++) acc[i] = 0.f;
+  const uint64_t da = wg_desc(As, 16, 1024), db = wg_desc(Bs, 16, 1024) + (uint64_t)(n0 * 128 / 16);
+  wg_fence();
+  for (int k0 = 0; k0 < KF; k0 += 8) {
+    if constexpr (N == 32) wg_tf_m64n32k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
+    else wg_tf_m64n16k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
+  }
+  wg_commit();
+  wg_wait<0>();
+  int wq = t >> 5, l = t & 31;
+  for (int j = 0; j < N / 8; j++)
+    for (int q = 0; q < 4; q++)
+      d[(16 * wq + (l >> 2) + 8 * (q >> 1)) * N + 8 * j + 2 * (l & 3) + (q & 1)] = acc[4 * j + q];
+#else
+  __trap();
+#endif
+}
+
 static int npass, nfail;
 template <int N, int TB>
 static void run(const char *what, const std::vector<float> &a, const std::vector<float> &b, int lbo, int sbo, int n0) {
@@ -81,6 +114,32 @@ static void run(const char *what, const std::vector<float> &a, const std::vector
   else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
 }
 
+template <int N>
+static void run_tf(const char *what, const std::vector<float> &a, const std::vector<float> &b, int n0) {
+  float *ad, *bd, *dd;
+  CK(cudaMalloc(&ad, M * KF * 4)); CK(cudaMalloc(&bd, NF * KF * 4)); CK(cudaMalloc(&dd, M * N * 4));
+  CK(cudaMemcpy(ad, a.data(), M * KF * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(bd, b.data(), NF * KF * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dd, 0xff, M * N * 4));
+  size_t smb = (M + NF) * KF * 4 + 1024;
+  CK(cudaFuncSetAttribute(k_wgf_test<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb));
+  k_wgf_test<N><<<1, 128, smb>>>(ad, bd, dd, n0);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> d(M * N);
+  CK(cudaMemcpy(d.data(), dd, M * N * 4, cudaMemcpyDeviceToHost));
+  cudaFree(ad), cudaFree(bd), cudaFree(dd);
+  int bad = 0;
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      float r = 0.f;
+      for (int k = 0; k < KF; k++) r += a[m * KF + k] * b[(n0 + n) * KF + k];
+      if (d[m * N + n] != r) bad++;
+    }
+  if (!bad) printf("ok - %s\n", what), npass++;
+  else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
+}
+
 int main() {
   int dev = 0;
   cudaDeviceProp pr;
@@ -100,6 +159,13 @@ int main() {
   run<64, 1>("wgmma m64n64k16 x 8, MN-major B (transpose bit), its second atom", a, b, 128 * KD, 1024, 64);
   run<64, 1>("wgmma m64n64k16 x 8, MN-major B, its first atom", a, b, 128 * KD, 1024, 0);
   run<32, 1>("wgmma m64n32k16 x 8, MN-major B, half an atom", a, b, 128 * KD, 1024, 0);
+  /* tf32 (fp32 tiles, kda_mat_wg.cu): multiples of 1/4 in [-2, 2] are exact in tf32 */
+  std::vector<float> af(M * KF), bf(NF * KF);
+  for (auto &x : af) x = (rand() % 17 - 8) / 4.f;
+  for (auto &x : bf) x = (rand() % 17 - 8) / 4.f;
+  run_tf<32>("wgmma tf32 m64n32k8 x 8, K-major A and B (two atoms along k)", af, bf, 0);
+  run_tf<32>("wgmma tf32 m64n32k8 x 8, K-major B from its row 32", af, bf, 32);
+  run_tf<16>("wgmma tf32 m64n16k8 x 8, K-major B from its row 48", af, bf, 48);
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
 }
