@@ -99,7 +99,10 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   mw_stage(Ms, n, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_bf16(Vr, MW_VB, C, V, n, V, v, t0, HV, h);
   for (int r = threadIdx.x; r < C; r += NTC) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
-  float dm[16];                                    /* warpgroups 0, 1: dM's columns [32 g, 32 g + 32) */
+  /* a warpgroup's accumulators: warpgroups 0, 1 hold dM's columns [32 g, 32 g + 32) in them
+   * across the rounds, 2 and 3 a round's dv or dKb columns (one array for both: 16 registers
+   * fewer than two, which spilled at the 64-register bound of two blocks an SM) */
+  float acc[16];
 #pragma unroll 1
   for (int rd = 0; rd < 4; rd++) {
     const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
@@ -126,19 +129,18 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
     else tf32r_tile(B0, MW_T);
     wg_proxy_fence();
     __syncthreads();
-    if (g < 2) mw_prod<32>(dm, mw_desc(A0, 0), mw_desc(B0, 32 * g), rd > 0);
+    if (g < 2) mw_prod<32>(acc, mw_desc(A0, 0), mw_desc(B0, 32 * g), rd > 0);
     else {
-      float x[16];
-      mw_prod<32>(x, mw_desc(MsT, 0), mw_desc(T0, 32 * (g - 2)), false);
+      mw_prod<32>(acc, mw_desc(MsT, 0), mw_desc(T0, 32 * (g - 2)), false);
       if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
-        mw_frag<32>(x, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
+        mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           const sbf *v0 = Vr + j * MW_VB + d0 + c, *v1 = v0 + 8 * MW_VB;
           mat_part4(part, PS, j, (d0 + c) >> 3, x0 * f(v0[0]) + x1 * f(v0[1]), x2 * f(v1[0]) + x3 * f(v1[1]));
           if (j < n) st2b((bf16 *)dv + r0 * V + (j * RV + d0 + c), bs[j] * x0, bs[j] * x1, true);
           if (j + 8 < n) st2b((bf16 *)dv + r0 * V + ((j + 8) * RV + d0 + c), bs[j + 8] * x2, bs[j + 8] * x3, true);
         });
       else       /* dKb's columns d0 .. */
-        mw_frag<32>(x, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
+        mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           if (j < n) st2f(w.dKb + r0 * K + (j * RK + d0 + c), x0, x1, true);
           if (j + 8 < n) st2f(w.dKb + r0 * K + ((j + 8) * RK + d0 + c), x2, x3, true);
         });
@@ -147,7 +149,7 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   __syncthreads();                                 /* every read of A0, B0 done */
   float *dMs = A0, *XT = B0;
   if (g < 2)                                       /* dM strict-tril, tf32 (X's operand) */
-    mw_frag<32>(dm, 32 * g, [&](int i, int j, float x0, float x1, float x2, float x3) {
+    mw_frag<32>(acc, 32 * g, [&](int i, int j, float x0, float x1, float x2, float x3) {
       *(float2 *)(dMs + wf_off<64>(i, j)) =
           make_float2(j < i && i < n ? tf32r(x0) : 0.f, j + 1 < i && i < n ? tf32r(x1) : 0.f);
       *(float2 *)(dMs + wf_off<64>(i + 8, j)) =
