@@ -376,5 +376,7 @@ size_t smem_state_wide(int64_t C, int64_t K, int fwd);
 state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
+state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
+size_t smem_state_bwd_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv);
 #endif

@@ -396,7 +396,8 @@ static void preload_kernels(int kv) {
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
-    ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_bwd_mat_wg_ptr());
+    ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
+        ld((const void *)k_bwd_mat_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -478,6 +479,16 @@ static int use_wide(const kda_kda_args *a, int kv) {
 static int use_wg(int kv, const void *o) {
   const char *e = getenv("KDA_KDA_WG");
   return kv == 128 && (uintptr_t)o % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9;
+}
+/* The kept reverse sweep on warpgroup MMAs (kda_state_wg.cu's k_state_bwd_tc_wg: sm_90a,
+ * K = V = 128, chunk 64) instead of k_state_bwd_tc_wide, wherever that one runs on an H100 /
+ * H200 and dO can be staged in 16-byte rows; KDA_KDA_WGB=0 turns it off (read per call:
+ * test_kda_cuda keeps its bit-for-bit comparisons on the mma.sync sweep and checks this one
+ * against the CPU reference) */
+static int use_wg_bwd(int kv, const void *dout) {
+  const char *e = getenv("KDA_KDA_WGB");
+  return kv == 128 && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9 &&
+         2 * smem_state_bwd_wg() <= smem_per_sm();
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -819,7 +830,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    if (wide) {                                    /* the kept fast reverse sweep, 64 columns a block */
+    if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
+      size_t smg = smem_state_bwd_wg();
+      auto kw = k_state_bwd_tc_wg_ptr();
+      if (smem_opt_in((const void *)kw, smg, a, op, "k_state_bwd_tc_wg")) return -1;
+      kw<<<state_grid(a, BVW), NTW, smg, st>>>(p, w, dout, dht, dh0);
+      LAUNCH_OK("k_state_bwd_tc_wg", "kda_kda_cuda_backward");
+    } else if (wide) {                             /* the kept fast reverse sweep, 64 columns a block */
       size_t smw = smem_state_wide(a->chunk, a->K, 0);
       auto kw = k_state_bwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kw, smw, a, op, "k_state_bwd_tc_wide")) return -1;

@@ -50,24 +50,25 @@ template <int N> static __device__ __forceinline__ void wg_wait() {
  * wgmma operand reads (the async proxy): each writing thread, after its writes have landed and
  * before the barrier that hands the tile over */
 static __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major */
-template <int TB>
+/* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major, TA = 1: A is
+ * MN-major (its rows k, its 64 M columns one atom); SA = -1: D (+)= -A B */
+template <int TB, int TA = 0, int SA = 1>
 static __device__ __forceinline__ void wg_m64n32k16(float (&d)[16], uint64_t da, uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, %21, 1, %20, %19;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+               : "l"(da), "l"(db), "r"(acc), "n"(TB), "n"(TA), "n"(SA));
 }
-template <int TB>
+template <int TB, int TA = 0, int SA = 1>
 static __device__ __forceinline__ void wg_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, %37, 1, %36, %35;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+               : "l"(da), "l"(db), "r"(acc), "n"(TB), "n"(TA), "n"(SA));
 }
 
 /* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu ----
