@@ -397,7 +397,7 @@ static void preload_kernels(int kv) {
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
-        ld((const void *)k_bwd_mat_wg_ptr());
+        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -489,6 +489,16 @@ static int use_wg_bwd(int kv, const void *dout) {
   const char *e = getenv("KDA_KDA_WGB");
   return kv == 128 && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9 &&
          2 * smem_state_bwd_wg() <= smem_per_sm();
+}
+/* The fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a, K = V = 128, chunk 64)
+ * wherever the fast one runs from the reverse sweep's bf16 dVn (lay without ROWS_DVF) on an
+ * H100 / H200 and dO can be staged in 16-byte rows; KDA_KDA_ROWSWG=0 turns it off (read per
+ * call: test_kda_cuda keeps its bit-for-bit comparisons on the mma.sync kernel and checks this
+ * one against the CPU reference) */
+static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
+  const char *e = getenv("KDA_KDA_ROWSWG");
+  return !prec && kv == 128 && !(lay & ROWS_DVF) && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) &&
+         cc_major() == 9 && 2 * smem_rows_wg() <= smem_per_sm();
 }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -876,10 +886,18 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     }
     if (!flow) {
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-      auto krw = k_bwd_rows_tc_pick(prec, kv);
-      if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-      krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
-      LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+      if (use_rows_wg(prec, kv, lay, dout)) {
+        auto krg = k_bwd_rows_wg_ptr();
+        if (smem_opt_in((const void *)krg, smem_rows_wg(), a, op, "k_bwd_rows_wg")) return -1;
+        if (carveout_max((const void *)krg, a, op)) return -1;
+        krg<<<gc, NTC, smem_rows_wg(), st>>>(p, dout, w);
+        LAUNCH_OK("k_bwd_rows_wg", "kda_kda_cuda_backward");
+      } else {
+        auto krw = k_bwd_rows_tc_pick(prec, kv);
+        if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
+        krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
+        LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+      }
     }
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);

@@ -70,6 +70,16 @@ static __device__ __forceinline__ void wg_m64n64k16(float (&d)[32], uint64_t da,
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(da), "l"(db), "r"(acc), "n"(TB), "n"(TA), "n"(SA));
 }
+template <int TB>
+static __device__ __forceinline__ void wg_m64n16k16(float (&d)[8], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+/* a K-major descriptor's step to column k0 (a multiple of 16) of an R-row bf16 tile: within an
+ * atom 2 k0 bytes, each atom 128 R bytes; in the descriptor's 16-byte units */
+#define WG_KADVR(R, k0) ((uint64_t)((((k0) >> 6) * (128 * (R)) + ((k0) & 63) * 2) >> 4))
 
 /* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu ----
  * The same 128-byte swizzle on fp32 tiles: an atom is 32 columns (128 bytes a row), so a
