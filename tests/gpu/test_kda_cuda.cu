@@ -15,8 +15,9 @@
  * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
- * wgmma forward pass, reverse sweep, rows and mat kernels (K = V = 128, KDA_KDA_WG=1, KDA_KDA_WGB=1,
- * KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1; each alone, then all four) against the CPU reference. Every KDA case runs four times: the
+ * wgmma forward pass, reverse sweep, intra W / U, rows and mat kernels (K = V = 128, KDA_KDA_WG=1,
+ * KDA_KDA_WGB=1, KDA_KDA_INTRAWG=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1; each alone, then all five)
+ * against the CPU reference. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
@@ -422,17 +423,32 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       setenv("KDA_KDA_ROWSWG", "0", 1);             /* back to the mma.sync kernel, as main() set it */
       kept_vs_ref(": wgmma rows kernel (KDA_KDA_ROWSWG=1)");
     }
-    /* all four wgmma kernels together, as a default run on an H100 / H200 takes them (the wide
+    /* k_intra_tc's W and U on warpgroup MMAs (kda_cuda.cu use_intra_wg: on by default on an
+     * H100 / H200 at K = V = 128 with the raw v tile; main() sets KDA_KDA_INTRAWG=0):
+     * KDA_KDA_INTRAWG=1 with the flow kernels off (they keep k_intra_tc), held to the CPU
+     * reference's tolerances */
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9) {
+      std::vector<std::vector<char>> got;
+      const char *fe = getenv("KDA_KDA_FLOW");
+      std::string fsave = fe ? fe : "";
+      setenv("KDA_KDA_FLOW", "0", 1);
+      rc = kept_run("KDA_KDA_INTRAWG", "1", 1, got);
+      if (fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
+      else unsetenv("KDA_KDA_FLOW");
+      setenv("KDA_KDA_INTRAWG", "0", 1);            /* back to k_intra_tc, as main() set it */
+      kept_vs_ref(": wgmma W and U in the intra kernel (KDA_KDA_INTRAWG=1)");
+    }
+    /* all five wgmma kernels together, as a default run on an H100 / H200 takes them (the wide
      * passes forced, so that the two state passes are the wgmma ones) */
     if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9) {
       std::vector<std::vector<char>> got;
       setenv("KDA_KDA_WIDE", "1", 1), setenv("KDA_KDA_WG", "1", 1), setenv("KDA_KDA_WGB", "1", 1);
-      setenv("KDA_KDA_ROWSWG", "1", 1);
+      setenv("KDA_KDA_ROWSWG", "1", 1), setenv("KDA_KDA_INTRAWG", "1", 1);
       rc = kept_run("KDA_KDA_MATWG", "1", 1, got);
       unsetenv("KDA_KDA_WIDE");
       setenv("KDA_KDA_WG", "0", 1), setenv("KDA_KDA_WGB", "0", 1), setenv("KDA_KDA_ROWSWG", "0", 1);
-      setenv("KDA_KDA_MATWG", "0", 1);
-      kept_vs_ref(": every wgmma kernel (KDA_KDA_WG, WGB, ROWSWG, MATWG =1)");
+      setenv("KDA_KDA_INTRAWG", "0", 1), setenv("KDA_KDA_MATWG", "0", 1);
+      kept_vs_ref(": every wgmma kernel (KDA_KDA_WG, WGB, ROWSWG, INTRAWG, MATWG =1)");
     }
     /* the mat kernel on warpgroup MMAs, tf32 (kda_cuda.cu use_mat_wg: on by default on an H100 /
      * H200 wherever the halves kernel runs, K = V = 128; main() sets KDA_KDA_MATWG=0, so that
@@ -788,13 +804,14 @@ int main(int argc, char **argv) {
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
   printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
-  /* the wgmma forward pass, reverse sweep, rows and mat kernels (on by default on sm_90) sum
-   * in the tensor cores' order: the keep = recompute, flow, wide and 16-column comparisons are bit for bit on the
+  /* the wgmma forward pass, reverse sweep, intra W / U, rows and mat kernels (on by default on
+   * sm_90) sum in the tensor cores' order: the keep = recompute, flow, wide and 16-column comparisons are bit for bit on the
    * mma.sync kernels, and each K = 128 case checks the wgmma kernels against the CPU reference */
   setenv("KDA_KDA_WG", "0", 1);
   setenv("KDA_KDA_MATWG", "0", 1);
   setenv("KDA_KDA_WGB", "0", 1);
   setenv("KDA_KDA_ROWSWG", "0", 1);
+  setenv("KDA_KDA_INTRAWG", "0", 1);
   double t0 = kda_now();
   const char *paths[4] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
                           "KDA_KDA_PRECISE=1 KDA_KDA_THREADS=state_bwd=256 (tensor-core path, precise "
