@@ -99,6 +99,35 @@ static __device__ __forceinline__ void wg_store_t(sbf *d, int ds, const sbf *T, 
             __byte_perm(x[4], x[5], 0x7632), __byte_perm(x[6], x[7], 0x7632));
   }
 }
+/* A pass's state in its update's accumulators (Sᵀ forward, dSᵀ reverse): warpgroup g's
+ * s[4 j + q] = X[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2, with X the [K][V]
+ * fp32 state at src + sb, the block's columns from c0 (zeros without src) */
+static __device__ __forceinline__ void wg_state_ld(float (&s)[32], const float *src, int64_t sb, int64_t c0, int64_t V,
+                                                   int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int n = rn + 8 * (q >> 1), k = 64 * g + 8 * j + cq + (q & 1);
+      s[4 * j + q] = src ? src[sb + k * V + c0 + n] : 0.f;
+    }
+}
+static __device__ __forceinline__ void wg_state_st(const float (&s)[32], float *dst, int64_t sb, int64_t c0, int64_t V,
+                                                   int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) dst[sb + (64 * g + 8 * j + cq + (q & 1)) * V + c0 + rn + 8 * (q >> 1)] = s[4 * j + q];
+}
+/* St <- bf16(the state), St swizzled [n][k] (pairs of adjacent k: one 4-byte store) */
+static __device__ __forceinline__ void wg_shadow(sbf *St, const float (&s)[32], int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int hq = 0; hq < 2; hq++)
+      *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
+          __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
+}
 #endif
 
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
@@ -122,25 +151,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
    * atom g, 8 KB, its eight rows 1024 bytes, sixteen 2048: 128 units) */
   const uint64_t dS = wg_desc(St, 16, 1024), dW0 = wg_desc(W, 16, 1024), dQ0 = wg_desc(qg, 16, 1024),
                  dV = wg_desc(Vt, 16, 1024), dA0 = wg_desc(A, 16, 1024), dK0 = wg_desc(kg, 8192, 1024);
-  /* Sᵀ: s[4 j + q] = S[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
-  float s[32];
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int n = rn0 + 8 * (q >> 1), k = 64 * g0 + 8 * j + cq0 + (q & 1);
-      s[4 * j + q] = h0 ? h0[b.sbase + k * V + c0 + n] : 0.f;
-    }
-  /* St <- bf16(Sᵀ) (pairs of adjacent k: one 4-byte store) */
-  auto st_shadow = [&](int g, int rn, int cq) {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int hq = 0; hq < 2; hq++)
-        *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
-            __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
-  };
-  st_shadow(g0, rn0, cq0);
+  float s[32];                                      /* Sᵀ (wg_state_ld's layout) */
+  wg_state_ld(s, h0, b.sbase, c0, V, g0, rn0, cq0);
+  wg_shadow(St, s, g0, rn0, cq0);
   if (cf < cl) wg_stage_parts(p, w, tu, tl, cf, h, c0, SG_U | SG_W | SG_QG | SG_A);
   cp_async_commit();
   sbf *o0p = nullptr;                               /* the previous chunk's o (row 0) and rows */
@@ -212,7 +225,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
         *(__nv_bfloat162 *)(Vt + wg_off<64>(rn + 8 * hq, 32 * g + 8 * j + cq)) =
             __floats2bfloat162_rn(x[4 * j + 2 * hq], x[4 * j + 2 * hq + 1]);
     o0p = o0, mp = m;
-    st_shadow(g, rn, cq);
+    wg_shadow(St, s, g, rn, cq);
     if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_W | SG_QG | SG_A);
     cp_async_commit();
   }
@@ -220,12 +233,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     __syncthreads();                                  /* the last oᵀ whole in Vt */
     wg_store_t<C>(o0p, HVV, Vt, mp);
   }
-  if (ht)
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        ht[b.sbase + (64 * g0 + 8 * j + cq0 + (q & 1)) * V + c0 + rn0 + 8 * (q >> 1)] = s[4 * j + q];
+  if (ht) wg_state_st(s, ht, b.sbase, c0, V, g0, rn0, cq0);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
@@ -279,24 +287,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const vo
   const uint64_t dS = wg_desc(St, 16, 1024), dV = wg_desc(Vt, 16, 1024), dD = wg_desc(dO, 8192, 1024),
                  dA0 = wg_desc(A, 8192, 1024), dK0 = wg_desc(kg, 16, 1024), dQ0 = wg_desc(qg, 8192, 1024),
                  dW0 = wg_desc(W, 8192, 1024);
-  /* dSᵀ: s[4 j + q] = dS[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
-  float s[32];
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int n = rn0 + 8 * (q >> 1), k = 64 * g0 + 8 * j + cq0 + (q & 1);
-      s[4 * j + q] = dht ? dht[b.sbase + k * V + c0 + n] : 0.f;
-    }
-  auto st_shadow = [&](int g, int rn, int cq) {   /* St <- bf16(dSᵀ) */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int hq = 0; hq < 2; hq++)
-        *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
-            __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
-  };
-  st_shadow(g0, rn0, cq0);
+  float s[32];                                      /* dSᵀ (wg_state_ld's layout) */
+  wg_state_ld(s, dht, b.sbase, c0, V, g0, rn0, cq0);
+  wg_shadow(St, s, g0, rn0, cq0);
   /* the chunk's Aqk and kg, a step ahead (the next chunk down's during the update) */
   auto stage_ak = [&](int ci) {
     const int64_t r0 = w.ctab[4 * ci + 1] * HV + h;
@@ -370,14 +363,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const vo
       }
     }
     wg_wait<0>();
-    st_shadow(g, rn, cq);                           /* St's readers (dVnᵀ) done before the last barrier */
+    wg_shadow(St, s, g, rn, cq);                    /* St's readers (dVnᵀ) done before the last barrier */
   }
-  if (dh0)
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        dh0[b.sbase + (64 * g0 + 8 * j + cq0 + (q & 1)) * V + c0 + rn0 + 8 * (q >> 1)] = s[4 * j + q];
+  if (dh0) wg_state_st(s, dh0, b.sbase, c0, V, g0, rn0, cq0);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif

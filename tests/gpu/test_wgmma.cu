@@ -17,6 +17,13 @@
   printf("FAIL - %s: %s\n", #x, cudaGetErrorString(e_)); printf("0 passed, 1 failed\n"); exit(1); } } while (0)
 
 enum { M = 64, KD = 128, NB = 128 };
+/* thread t's accumulators (kda_wgmma.cuh's fragment map) into d [M][N] */
+template <int N> static __device__ void store_frag(float *d, const float (&acc)[N / 2], int t) {
+  int wq = t >> 5, l = t & 31;
+  for (int j = 0; j < N / 8; j++)
+    for (int q = 0; q < 4; q++)
+      d[(16 * wq + (l >> 2) + 8 * (q >> 1)) * N + 8 * j + 2 * (l & 3) + (q & 1)] = acc[4 * j + q];
+}
 /* d: [M][N] fp32; TB: B stored MN-major; n0: the B tile's first column; TA: A stored MN-major
  * ([k][m], its 64 columns one atom); SA = -1: D = -A B */
 template <int N, int TB, int TA = 0, int SA = 1>
@@ -44,10 +51,7 @@ __global__ void k_wg_test(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float 
   }
   wg_commit();
   wg_wait<0>();
-  int wq = t >> 5, l = t & 31;
-  for (int j = 0; j < N / 8; j++)
-    for (int q = 0; q < 4; q++)
-      d[(16 * wq + (l >> 2) + 8 * (q >> 1)) * N + 8 * j + 2 * (l & 3) + (q & 1)] = acc[4 * j + q];
+  store_frag<N>(d, acc, t);
 #else
   __trap();
 #endif
@@ -76,16 +80,26 @@ __global__ void k_wgf_test(const float *a, const float *b, float *d, int n0) {
   }
   wg_commit();
   wg_wait<0>();
-  int wq = t >> 5, l = t & 31;
-  for (int j = 0; j < N / 8; j++)
-    for (int q = 0; q < 4; q++)
-      d[(16 * wq + (l >> 2) + 8 * (q >> 1)) * N + 8 * j + 2 * (l & 3) + (q & 1)] = acc[4 * j + q];
+  store_frag<N>(d, acc, t);
 #else
   __trap();
 #endif
 }
 
 static int npass, nfail;
+/* d (M x N) against sa A B^T's columns n0 .. n0 + N, exactly (a [M][kd], b [.][kd] on the host) */
+static void judge(const char *what, const std::vector<float> &d, const std::vector<float> &a, const std::vector<float> &b,
+                  int N, int kd, int n0, float sa) {
+  int bad = 0;
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      float r = 0.f;
+      for (int k = 0; k < kd; k++) r += a[m * kd + k] * b[(n0 + n) * kd + k];
+      if (d[m * N + n] != sa * r) bad++;
+    }
+  if (!bad) printf("ok - %s\n", what), npass++;
+  else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
+}
 template <int N, int TB, int TA = 0, int SA = 1>
 static void run(const char *what, const std::vector<float> &a, const std::vector<float> &b, int lbo, int sbo, int n0) {
   std::vector<__nv_bfloat16> ah(a.size()), bh(b.size());
@@ -105,15 +119,7 @@ static void run(const char *what, const std::vector<float> &a, const std::vector
   std::vector<float> d(M * N);
   CK(cudaMemcpy(d.data(), dd, M * N * 4, cudaMemcpyDeviceToHost));
   cudaFree(ad), cudaFree(bd), cudaFree(dd);
-  int bad = 0;
-  for (int m = 0; m < M; m++)
-    for (int n = 0; n < N; n++) {
-      float r = 0.f;
-      for (int k = 0; k < KD; k++) r += a[m * KD + k] * b[(n0 + n) * KD + k];
-      if (d[m * N + n] != SA * r) bad++;
-    }
-  if (!bad) printf("ok - %s\n", what), npass++;
-  else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
+  judge(what, d, a, b, N, KD, n0, SA);
 }
 
 template <int N>
@@ -131,15 +137,7 @@ static void run_tf(const char *what, const std::vector<float> &a, const std::vec
   std::vector<float> d(M * N);
   CK(cudaMemcpy(d.data(), dd, M * N * 4, cudaMemcpyDeviceToHost));
   cudaFree(ad), cudaFree(bd), cudaFree(dd);
-  int bad = 0;
-  for (int m = 0; m < M; m++)
-    for (int n = 0; n < N; n++) {
-      float r = 0.f;
-      for (int k = 0; k < KF; k++) r += a[m * KF + k] * b[(n0 + n) * KF + k];
-      if (d[m * N + n] != r) bad++;
-    }
-  if (!bad) printf("ok - %s\n", what), npass++;
-  else printf("FAIL - %s: %d of %d outputs differ\n", what, bad, M * N), nfail++;
+  judge(what, d, a, b, N, KF, n0, 1.f);
 }
 
 int main() {
