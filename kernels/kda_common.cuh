@@ -346,6 +346,9 @@ mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 /* the fast mat kernel at K = V = 128 in three staging rounds, two blocks an SM (kda_mat_halves.cu) */
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
+/* the same on warpgroup MMAs, tf32 (kda_mat_wg.cu: sm_90a only; four rounds, two blocks an SM) */
+mat_tc_fn k_bwd_mat_wg_ptr(void);
+size_t smem_mat_wg(void);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
  * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
@@ -373,5 +376,13 @@ size_t smem_state_wide(int64_t C, int64_t K, int fwd);
 state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
+state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
+/* k_intra_tc's fast wide form with W, U on warpgroup MMAs (kda_intra_wg.cu: sm_90a only, K = V = 128) */
+intra_tc_fn k_intra_wg_ptr(void);
+/* the fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a only, K = V = 128) */
+typedef void (*rows_wg_fn)(kp, const void *, ws);
+rows_wg_fn k_bwd_rows_wg_ptr(void);
+size_t smem_rows_wg(void);
+size_t smem_state_bwd_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv);
 #endif

@@ -395,7 +395,9 @@ static void preload_kernels(int kv) {
   ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
-  if (kv == 128 && cc_major() == 9) ld((const void *)k_state_fwd_tc_wg_ptr());   /* sm_90a's image only */
+  if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
+    ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
+        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()), ld((const void *)k_intra_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -478,6 +480,34 @@ static int use_wg(int kv, const void *o) {
   const char *e = getenv("KDA_KDA_WG");
   return kv == 128 && (uintptr_t)o % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9;
 }
+/* The kept reverse sweep on warpgroup MMAs (kda_state_wg.cu's k_state_bwd_tc_wg: sm_90a,
+ * K = V = 128, chunk 64) instead of k_state_bwd_tc_wide, wherever that one runs on an H100 /
+ * H200 and dO can be staged in 16-byte rows; KDA_KDA_WGB=0 turns it off (read per call:
+ * test_kda_cuda keeps its bit-for-bit comparisons on the mma.sync sweep and checks this one
+ * against the CPU reference) */
+static int use_wg_bwd(int kv, const void *dout) {
+  const char *e = getenv("KDA_KDA_WGB");
+  return kv == 128 && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9 &&
+         2 * smem_state_bwd_wg() <= smem_per_sm();
+}
+/* k_intra_tc's fast wide form with W and U on warpgroup MMAs (kda_intra_wg.cu: sm_90a,
+ * K = V = 128, chunk 64, the raw v tile staged: vt = 1) on an H100 / H200; KDA_KDA_INTRAWG=0
+ * turns it off (read per call: test_kda_cuda keeps its bit-for-bit comparisons on k_intra_tc
+ * and checks this one against the CPU reference). The forward's flow kernel keeps k_intra_tc */
+static int use_intra_wg(int prec, int vt, int kv) {
+  const char *e = getenv("KDA_KDA_INTRAWG");
+  return !prec && vt == 1 && kv == 128 && !(e && strcmp(e, "0") == 0) && cc_major() == 9;
+}
+/* The fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a, K = V = 128, chunk 64)
+ * wherever the fast one runs from the reverse sweep's bf16 dVn (lay without ROWS_DVF) on an
+ * H100 / H200 and dO can be staged in 16-byte rows; KDA_KDA_ROWSWG=0 turns it off (read per
+ * call: test_kda_cuda keeps its bit-for-bit comparisons on the mma.sync kernel and checks this
+ * one against the CPU reference) */
+static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
+  const char *e = getenv("KDA_KDA_ROWSWG");
+  return !prec && kv == 128 && !(lay & ROWS_DVF) && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) &&
+         cc_major() == 9 && 2 * smem_rows_wg() <= smem_per_sm();
+}
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
  * not; KDA_KDA_COMPACT=0 turns them all off (read per call: the test's fourth path). Measured
@@ -492,6 +522,14 @@ static int use_compact(size_t wide, size_t compact) {
 static int use_mat_halves(int prec, int kv) {
   const char *e = getenv("KDA_KDA_MATH");
   return !prec && kv == 128 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_tc_halves(64, 128, 128) <= smem_per_sm();
+}
+/* The halves kernel's products on warpgroup MMAs (kda_mat_wg.cu: sm_90a, tf32, four rounds)
+ * wherever the halves kernel would run on an H100 / H200; KDA_KDA_MATWG=0 turns it off (read
+ * per call: test_kda_cuda keeps its bit-for-bit comparisons on the halves kernel and checks
+ * this one against the CPU reference) */
+static int use_mat_wg(int mh) {
+  const char *e = getenv("KDA_KDA_MATWG");
+  return mh && cc_major() == 9 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_wg() <= smem_per_sm();
 }
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
@@ -623,10 +661,13 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     int vt;
     size_t sm = intra_layout(a, v, &vt);
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
-    if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
+    const int iwg = use_intra_wg(prec, vt, kv_spec(a));
+    if (iwg) kern = k_intra_wg_ptr();
+    if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : iwg ? "k_intra_wg" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
-    LAUNCH_OK("k_intra_tc", "kda cuda");
+    if (iwg) LAUNCH_OK("k_intra_wg", "kda cuda");
+    else LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
   size_t sm = smem_intra(a->chunk, a->K);
@@ -810,7 +851,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    if (wide) {                                    /* the kept fast reverse sweep, 64 columns a block */
+    if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
+      size_t smg = smem_state_bwd_wg();
+      auto kw = k_state_bwd_tc_wg_ptr();
+      if (smem_opt_in((const void *)kw, smg, a, op, "k_state_bwd_tc_wg")) return -1;
+      kw<<<state_grid(a, BVW), NTW, smg, st>>>(p, w, dout, dht, dh0);
+      LAUNCH_OK("k_state_bwd_tc_wg", "kda_kda_cuda_backward");
+    } else if (wide) {                             /* the kept fast reverse sweep, 64 columns a block */
       size_t smw = smem_state_wide(a->chunk, a->K, 0);
       auto kw = k_state_bwd_tc_wide_pick(kv);
       if (smem_opt_in((const void *)kw, smw, a, op, "k_state_bwd_tc_wide")) return -1;
@@ -850,10 +897,18 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     }
     if (!flow) {
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-      auto krw = k_bwd_rows_tc_pick(prec, kv);
-      if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-      krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
-      LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+      if (use_rows_wg(prec, kv, lay, dout)) {
+        auto krg = k_bwd_rows_wg_ptr();
+        if (smem_opt_in((const void *)krg, smem_rows_wg(), a, op, "k_bwd_rows_wg")) return -1;
+        if (carveout_max((const void *)krg, a, op)) return -1;
+        krg<<<gc, NTC, smem_rows_wg(), st>>>(p, dout, w);
+        LAUNCH_OK("k_bwd_rows_wg", "kda_kda_cuda_backward");
+      } else {
+        auto krw = k_bwd_rows_tc_pick(prec, kv);
+        if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
+        krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
+        LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
+      }
     }
     sm = smem_mat_tc(a->chunk, a->K, a->V);
     size_t smc = smem_mat_tc_compact(a->chunk, a->K, a->V);
@@ -861,11 +916,16 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (mcm) sm = smc;
     auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv);
     const int mh = use_mat_halves(prec, kv);
+    const int mwg = use_mat_wg(mh);
     if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
-    if (smem_opt_in((const void *)kmt, sm, a, op, prec ? "k_bwd_mat_tc_p" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc")) return -1;
+    if (mwg) kmt = k_bwd_mat_wg_ptr(), sm = smem_mat_wg();
+    if (smem_opt_in((const void *)kmt, sm, a, op,
+                    prec ? "k_bwd_mat_tc_p" : mwg ? "k_bwd_mat_wg" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc"))
+      return -1;
     if ((mcm || mh) && carveout_max((const void *)kmt, a, op)) return -1;
     kmt<<<gc, chunk_threads(a, "mat", NTC), sm, st>>>(p, v, dout, dv, w);
-    if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
+    if (mwg) LAUNCH_OK("k_bwd_mat_wg", "kda_kda_cuda_backward");
+    else if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
     else LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = smem_final_tc(a->chunk, a->K);
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));

@@ -99,6 +99,35 @@ static __device__ __forceinline__ void wg_store_t(sbf *d, int ds, const sbf *T, 
             __byte_perm(x[4], x[5], 0x7632), __byte_perm(x[6], x[7], 0x7632));
   }
 }
+/* A pass's state in its update's accumulators (Sᵀ forward, dSᵀ reverse): warpgroup g's
+ * s[4 j + q] = X[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2, with X the [K][V]
+ * fp32 state at src + sb, the block's columns from c0 (zeros without src) */
+static __device__ __forceinline__ void wg_state_ld(float (&s)[32], const float *src, int64_t sb, int64_t c0, int64_t V,
+                                                   int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      int n = rn + 8 * (q >> 1), k = 64 * g + 8 * j + cq + (q & 1);
+      s[4 * j + q] = src ? src[sb + k * V + c0 + n] : 0.f;
+    }
+}
+static __device__ __forceinline__ void wg_state_st(const float (&s)[32], float *dst, int64_t sb, int64_t c0, int64_t V,
+                                                   int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) dst[sb + (64 * g + 8 * j + cq + (q & 1)) * V + c0 + rn + 8 * (q >> 1)] = s[4 * j + q];
+}
+/* St <- bf16(the state), St swizzled [n][k] (pairs of adjacent k: one 4-byte store) */
+static __device__ __forceinline__ void wg_shadow(sbf *St, const float (&s)[32], int g, int rn, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int hq = 0; hq < 2; hq++)
+      *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
+          __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
+}
 #endif
 
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
@@ -122,25 +151,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
    * atom g, 8 KB, its eight rows 1024 bytes, sixteen 2048: 128 units) */
   const uint64_t dS = wg_desc(St, 16, 1024), dW0 = wg_desc(W, 16, 1024), dQ0 = wg_desc(qg, 16, 1024),
                  dV = wg_desc(Vt, 16, 1024), dA0 = wg_desc(A, 16, 1024), dK0 = wg_desc(kg, 8192, 1024);
-  /* Sᵀ: s[4 j + q] = S[k][n], n = rn + 8 (q / 2), k = 64 g + 8 j + cq + q % 2 */
-  float s[32];
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int n = rn0 + 8 * (q >> 1), k = 64 * g0 + 8 * j + cq0 + (q & 1);
-      s[4 * j + q] = h0 ? h0[b.sbase + k * V + c0 + n] : 0.f;
-    }
-  /* St <- bf16(Sᵀ) (pairs of adjacent k: one 4-byte store) */
-  auto st_shadow = [&](int g, int rn, int cq) {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int hq = 0; hq < 2; hq++)
-        *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
-            __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
-  };
-  st_shadow(g0, rn0, cq0);
+  float s[32];                                      /* Sᵀ (wg_state_ld's layout) */
+  wg_state_ld(s, h0, b.sbase, c0, V, g0, rn0, cq0);
+  wg_shadow(St, s, g0, rn0, cq0);
   if (cf < cl) wg_stage_parts(p, w, tu, tl, cf, h, c0, SG_U | SG_W | SG_QG | SG_A);
   cp_async_commit();
   sbf *o0p = nullptr;                               /* the previous chunk's o (row 0) and rows */
@@ -212,7 +225,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
         *(__nv_bfloat162 *)(Vt + wg_off<64>(rn + 8 * hq, 32 * g + 8 * j + cq)) =
             __floats2bfloat162_rn(x[4 * j + 2 * hq], x[4 * j + 2 * hq + 1]);
     o0p = o0, mp = m;
-    st_shadow(g, rn, cq);
+    wg_shadow(St, s, g, rn, cq);
     if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_W | SG_QG | SG_A);
     cp_async_commit();
   }
@@ -220,15 +233,141 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     __syncthreads();                                  /* the last oᵀ whole in Vt */
     wg_store_t<C>(o0p, HVV, Vt, mp);
   }
-  if (ht)
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        ht[b.sbase + (64 * g0 + 8 * j + cq0 + (q & 1)) * V + c0 + rn0 + 8 * (q >> 1)] = s[4 * j + q];
+  if (ht) wg_state_st(s, ht, b.sbase, c0, V, g0, rn0, cq0);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
 }
 
 state_fwd_fn k_state_fwd_tc_wg_ptr(void) { return k_state_fwd_tc_wg; }
+
+/* ---- the kept reverse sweep (k_state_bwd_tc_wide's steps) on warpgroup MMAs ----
+ * Each product transposed as the forward's, so that the M side is the block's 64 V columns n
+ * and dSᵀ (n x k) stays in the update's accumulators:
+ *   dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ                   (N = 64 chunk rows i; k over j, then over K)
+ *   dSᵀ ← e^{G_last} ⊙ dSᵀ + dOᵀ s qg − dVnᵀ W  (N = K; k over the chunk's rows i)
+ * Warpgroup g takes rows i in [32 g, 32 g + 32) of dVnᵀ (m64n32) and state columns k in
+ * [64 g, 64 g + 64) of the update (m64n64), as the forward. dOᵀ is the staged dO tile ([j][n])
+ * read MN-major (the A transpose bit); Aqk ([i][j] as staged) is MN-major as a B of k = j,
+ * N = i (warpgroup 1's columns start half an atom in); s qg and W ([i][k]) are MN-major B's
+ * as kg is in the forward; kg ([i][k]) is a K-major B. dVnᵀ is written in bf16 to Vt (the
+ * update's A operand, negated there by the instruction's scale-a = -1, and the rows kernel's
+ * bf16 dVn, stored from it) and in fp32 to a [i][n] tile (the mat kernel's dVn, stored from it
+ * in 16-byte rows). Outputs as the wide sweep's (dh, dVn in fp32 and bf16, dh0); its sums in
+ * the tensor cores' order, the update adding to the scaled state: test_kda_cuda holds it to
+ * the CPU reference's tolerances. */
+enum { WB_DS = 64 + 4 };   /* the fp32 dVn tile's row pitch: a fragment's stores in 32 banks */
+/* bytes of the layout (W, s qg, kg, Aqk, Sᵀ, dVnᵀ, dO swizzled bf16 from a 1024-byte aligned
+ * base, then dVn fp32 [C][WB_DS], then en [K]), with the alignment's slack */
+size_t smem_state_bwd_wg(void) {
+  return (size_t)(3 * WG_C * WG_K + WG_C * WG_C + BVW * WG_K + 2 * BVW * WG_C) * 2 + (size_t)WG_C * WB_DS * 4 +
+         WG_K * 4 + 1024;
+}
+__global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const void *dout, const float *dht,
+                                                            float *dh0) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t raw[];
+  kv_fix<WG_K, NTW>(p);
+  constexpr int K = WG_K, C = WG_C;
+  sbf *W = (sbf *)(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)), *qg = W + C * K, *kg = qg + C * K, *A = kg + C * K,
+      *St = A + C * C, *Vt = St + BVW * K, *dO = Vt + BVW * C;
+  float *Dv = (float *)(dO + C * BVW), *en = Dv + C * WB_DS;
+  const st_blk b = st_block(p, w, blockIdx.x, BVW);
+  const int64_t h = b.h, c0 = b.c0, V = p.V, HV = p.HV;
+  const int HVV = (int)(HV * V), HVK = (int)HV * K, HVC = (int)HV * C;
+  const int cf = b.cf, cl = b.cl;
+  const int g0 = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int rn0 = 16 * wq + (l >> 2), cq0 = 2 * (l & 3);   /* a fragment's first row (n), column pair */
+  st_tiles<sbf> tu = {};                          /* en (st_en_store) */
+  tu.en = en, tu.K16 = K;
+  /* descriptors at k = 0: Sᵀ, Vt K-major A's; dO an MN-major A (its k rows j, 128 bytes
+   * each: a k step of 16 rows is 2048 bytes, 128 units); Aqk an MN-major B (column 32 g: 64 g
+   * bytes, 4 g units); kg a K-major B (rows 32 g: 256 g units); s qg, W MN-major B's (atom g:
+   * 512 g units) */
+  const uint64_t dS = wg_desc(St, 16, 1024), dV = wg_desc(Vt, 16, 1024), dD = wg_desc(dO, 8192, 1024),
+                 dA0 = wg_desc(A, 8192, 1024), dK0 = wg_desc(kg, 16, 1024), dQ0 = wg_desc(qg, 8192, 1024),
+                 dW0 = wg_desc(W, 8192, 1024);
+  float s[32];                                      /* dSᵀ (wg_state_ld's layout) */
+  wg_state_ld(s, dht, b.sbase, c0, V, g0, rn0, cq0);
+  wg_shadow(St, s, g0, rn0, cq0);
+  /* the chunk's Aqk and kg, a step ahead (the next chunk down's during the update) */
+  auto stage_ak = [&](int ci) {
+    const int64_t r0 = w.ctab[4 * ci + 1] * HV + h;
+    const int m = w.ctab[4 * ci + 2];
+    wg_stage<WG_C, WG_C>(A, w.Ab + r0 * C, HVC, m);
+    wg_stage<WG_C, WG_K>(kg, w.kgb + r0 * K, HVK, m);
+  };
+  if (cf < cl) stage_ak(cl - 1);
+  cp_async_commit();
+  for (int ci = cl - 1; ci >= cf; ci--) {
+    int g = g0, rn = rn0, cq = cq0;                 /* opaque each step, as the forward's */
+    asm volatile("" : "+r"(g), "+r"(rn), "+r"(cq));
+    const uint64_t dA = dA0 + 4 * g, dK = dK0 + 256 * g, dQ = dQ0 + 512 * g, dW = dW0 + 512 * g;
+    const int64_t t0 = w.ctab[4 * ci + 1], r0 = t0 * HV + h;
+    const int m = w.ctab[4 * ci + 2];
+    wg_proxy_fence();                               /* St (this thread's stores) to the wgmma reads */
+    __syncthreads();                                /* the previous update's readers of qg, W, dO, Vt done; St whole */
+    if (w.dh)                                       /* the dS entering the chunk, bf16 [K][V] */
+      wg_store_t<K>((sbf *)w.dh + (int64_t)ci * HV * K * V + h * K * V + c0, (int)V, St, K);
+    wg_stage<WG_C, BVW>(dO, (const sbf *)dout + r0 * V + c0, HVV, m);
+    cp_async_commit();
+    wg_stage<WG_C, WG_K>(qg, w.qgb + r0 * K, HVK, m);
+    wg_stage<WG_C, WG_K>(W, w.Wb + r0 * K, HVK, m);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<1>();                       /* Aqk, kg, dO (s qg, W may fly) */
+    wg_proxy_fence();
+    __syncthreads();
+    /* dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ: rows i of warpgroup g's half */
+    float x[16];
+    wg_fence();
+#pragma unroll
+    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<1, 1>(x, dD + 8 * j0, dA + 8 * j0, j0 > 0);
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dK + WG_KADV(k0), 1);
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int hq = 0; hq < 2; hq++) {
+        const int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
+        const float x0 = x[4 * j + 2 * hq], x1 = x[4 * j + 2 * hq + 1];
+        *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = __floats2bfloat162_rn(x0, x1);
+        Dv[i * WB_DS + n] = x0, Dv[(i + 1) * WB_DS + n] = x1;
+      }
+    st_en_store(p, tu, gl);
+    cp_async_wait_group<0>();                       /* s qg, W */
+    wg_proxy_fence();                               /* Vt, s qg, W */
+    __syncthreads();                                /* Vt, Dv, s qg, W, en whole; Aqk, kg dead */
+    if (ci > cf) stage_ak(ci - 1);
+    cp_async_commit();
+    /* dSᵀ ← e^{G_last} ⊙ dSᵀ + dOᵀ s qg − dVnᵀ W */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
+    wg_fence();
+#pragma unroll
+    for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 1>(s, dD + 8 * i0, dQ + 8 * i0, 1);
+#pragma unroll
+    for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 0, -1>(s, dV + WG_KADV(i0), dW + 8 * i0, 1);
+    wg_commit();
+    /* beside the products: dVn to its fp32 and bf16 copies (rows i < m) */
+    wg_store_t<C>(w.dvnb + r0 * V + c0, HVV, Vt, m);
+    for (int e = threadIdx.x; e < C * (BVW / 4); e += NTW) {
+      const int i = e / (BVW / 4), c = (e % (BVW / 4)) * 4;
+      if (i < m) {
+        const uint4 u = *(const uint4 *)(Dv + i * WB_DS + c);
+        stg16(w.dvn + r0 * V + i * HVV + c0 + c, u.x, u.y, u.z, u.w);
+      }
+    }
+    wg_wait<0>();
+    wg_shadow(St, s, g, rn, cq);                    /* St's readers (dVnᵀ) done before the last barrier */
+  }
+  if (dh0) wg_state_st(s, dh0, b.sbase, c0, V, g0, rn0, cq0);
+#else
+  __trap();   /* built for sm_90a only; the host never launches it elsewhere */
+#endif
+}
+state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }

@@ -1,6 +1,7 @@
 /* kda_wgmma.cuh — Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only) for bf16 tiles in
  * shared memory with fp32 accumulators in registers: the tile layout, the operand descriptors,
- * the instructions and their fences. Used by kda_state_wg.cu (compiled for sm_90a alone).
+ * the instructions and their fences. Used by kda_state_wg.cu and kda_mat_wg.cu (compiled for
+ * sm_90a alone).
  *
  * A warpgroup is 4 consecutive warps (128 threads). One instruction computes D (64 x N) +=
  * A (64 x 16) B (16 x N), both operands read from shared memory by the tensor cores through
@@ -21,7 +22,7 @@
  * bytes) the first version of kda_state_wg.cu ran 486.6 us against the mma.sync pass's 349.3
  * (ncu, (8,2048,16,128), 2026-12-04s42c), with it 387.8 (s42d, spills aside): our reading is
  * bank conflicts in the tensor cores' operand reads, not measured directly.
- * tests/gpu/test_wgmma.cu checks the swizzled layout's products. */
+ * tests/gpu/test_wgmma.cu checks the swizzled layout's products (bf16 and tf32). */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -49,22 +50,63 @@ template <int N> static __device__ __forceinline__ void wg_wait() {
  * wgmma operand reads (the async proxy): each writing thread, after its writes have landed and
  * before the barrier that hands the tile over */
 static __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major */
-template <int TB>
+/* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major, TA = 1: A is
+ * MN-major (its rows k, its 64 M columns one atom); SA = -1: D (+)= -A B */
+template <int TB, int TA = 0, int SA = 1>
 static __device__ __forceinline__ void wg_m64n32k16(float (&d)[16], uint64_t da, uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, %21, 1, %20, %19;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-               : "l"(da), "l"(db), "r"(acc), "n"(TB));
+               : "l"(da), "l"(db), "r"(acc), "n"(TB), "n"(TA), "n"(SA));
 }
-template <int TB>
+template <int TB, int TA = 0, int SA = 1>
 static __device__ __forceinline__ void wg_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, %37, 1, %36, %35;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(da), "l"(db), "r"(acc), "n"(TB), "n"(TA), "n"(SA));
+}
+template <int TB>
+static __device__ __forceinline__ void wg_m64n16k16(float (&d)[8], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+/* a K-major descriptor's step to column k0 (a multiple of 16) of an R-row bf16 tile: within an
+ * atom 2 k0 bytes, each atom 128 R bytes; in the descriptor's 16-byte units */
+#define WG_KADVR(R, k0) ((uint64_t)((((k0) >> 6) * (128 * (R)) + ((k0) & 63) * 2) >> 4))
+
+/* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu ----
+ * The same 128-byte swizzle on fp32 tiles: an atom is 32 columns (128 bytes a row), so a
+ * 64-column tile is two atoms of R rows each. tf32 has no transpose bit: both operands of a
+ * tf32 wgmma are K-major (rows the M or N index, columns k), and a product that contracts a
+ * tile over its row index needs that tile transposed in shared memory. One instruction steps
+ * k by 8 (32 bytes, as bf16's k16). The tensor cores read an fp32 word's tf32 bits (the low 13
+ * mantissa bits ignored), so tiles are rounded (tf32r) where they are written. */
+template <int R> static __device__ __forceinline__ int wf_off(int r, int c) {
+  return (c >> 5) * (R * 32) + r * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3);
+}
+/* a K-major descriptor's step to column k0 (a multiple of 8) of a 64-row fp32 tile: within an
+ * atom 4 k0 bytes, each atom 8 KB; in the descriptor's 16-byte units */
+#define WF_KADV(k0) ((uint64_t)((((k0) >> 5) * 8192 + ((k0) & 31) * 4) >> 4))
+/* the same for an R-row fp32 tile (each atom 128 R bytes) */
+#define WF_KADVR(R, k0) ((uint64_t)((((k0) >> 5) * (128 * (R)) + ((k0) & 31) * 4) >> 4))
+/* D (+)= A B for a 64 x N x 8 step, tf32 operands, both K-major; acc = 0 overwrites D */
+static __device__ __forceinline__ void wg_tf_m64n32k8(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wg_tf_m64n16k8(float (&d)[8], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(da), "l"(db), "r"(acc));
 }
