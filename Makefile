@@ -23,7 +23,7 @@ CU_SRC    = $(wildcard kernels/*.cu)
 ifneq ($(NVCC),)
 CU_OBJ    = $(CU_SRC:kernels/%.cu=build/cuda/%.o)
 NVFLAGS  ?= -O3 -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Icore -Ikernels -Xcompiler -Wall
-# kernels/kda_state_wg.cu, kda_mat_wg.cu, kda_rows_wg.cu and kda_intra_wg.cu use Hopper's wgmma, which exists only in the arch-specific sm_90a
+# kernels/*_wg.cu (kda_state_wg.cu, kda_mat_wg.cu, kda_rows_wg.cu) use Hopper's wgmma, which exists only in the arch-specific sm_90a
 WGFLAGS  ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icore -Ikernels -Xcompiler -Wall
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl
 endif
@@ -43,14 +43,8 @@ build/core/%.o: core/%.c $(wildcard core/*.h) | build/core
 # make -B the object, or build a side with benches/kda_baseline.sh (a fresh worktree)
 build/cuda/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
 	$(NVCC) $(NVFLAGS) $(KFLAGS_$*) -c -o $@ $<
-build/cuda/kda_state_wg.o: kernels/kda_state_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(WGFLAGS) $(KFLAGS_kda_state_wg) -c -o $@ $<
-build/cuda/kda_mat_wg.o: kernels/kda_mat_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(WGFLAGS) $(KFLAGS_kda_mat_wg) -c -o $@ $<
-build/cuda/kda_rows_wg.o: kernels/kda_rows_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(WGFLAGS) $(KFLAGS_kda_rows_wg) -c -o $@ $<
-build/cuda/kda_intra_wg.o: kernels/kda_intra_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
-	$(NVCC) $(WGFLAGS) $(KFLAGS_kda_intra_wg) -c -o $@ $<
+build/cuda/%_wg.o: kernels/%_wg.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | build/cuda
+	$(NVCC) $(WGFLAGS) $(KFLAGS_$*_wg) -c -o $@ $<
 
 build/tests/%: tests/%.c $(CORE_OBJ) $(CU_OBJ) | build/tests
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)

@@ -377,8 +377,6 @@ state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
-/* k_intra_tc's fast wide form with W, U on warpgroup MMAs (kda_intra_wg.cu: sm_90a only, K = V = 128) */
-intra_tc_fn k_intra_wg_ptr(void);
 /* the fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a only, K = V = 128) */
 typedef void (*rows_wg_fn)(kp, const void *, ws);
 rows_wg_fn k_bwd_rows_wg_ptr(void);

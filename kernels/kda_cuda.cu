@@ -397,7 +397,7 @@ static void preload_kernels(int kv) {
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
-        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()), ld((const void *)k_intra_wg_ptr());
+        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -489,14 +489,6 @@ static int use_wg_bwd(int kv, const void *dout) {
   const char *e = getenv("KDA_KDA_WGB");
   return kv == 128 && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) && cc_major() == 9 &&
          2 * smem_state_bwd_wg() <= smem_per_sm();
-}
-/* k_intra_tc's fast wide form with W and U on warpgroup MMAs (kda_intra_wg.cu: sm_90a,
- * K = V = 128, chunk 64, the raw v tile staged: vt = 1) on an H100 / H200; KDA_KDA_INTRAWG=0
- * turns it off (read per call: test_kda_cuda keeps its bit-for-bit comparisons on k_intra_tc
- * and checks this one against the CPU reference). The forward's flow kernel keeps k_intra_tc */
-static int use_intra_wg(int prec, int vt, int kv) {
-  const char *e = getenv("KDA_KDA_INTRAWG");
-  return !prec && vt == 1 && kv == 128 && !(e && strcmp(e, "0") == 0) && cc_major() == 9;
 }
 /* The fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a, K = V = 128, chunk 64)
  * wherever the fast one runs from the reverse sweep's bf16 dVn (lay without ROWS_DVF) on an
@@ -661,13 +653,10 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     int vt;
     size_t sm = intra_layout(a, v, &vt);
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
-    const int iwg = use_intra_wg(prec, vt, kv_spec(a));
-    if (iwg) kern = k_intra_wg_ptr();
-    if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : iwg ? "k_intra_wg" : "k_intra_tc")) return -1;
+    if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
-    if (iwg) LAUNCH_OK("k_intra_wg", "kda cuda");
-    else LAUNCH_OK("k_intra_tc", "kda cuda");
+    LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
   size_t sm = smem_intra(a->chunk, a->K);

@@ -94,8 +94,6 @@ template <int R> static __device__ __forceinline__ int wf_off(int r, int c) {
 /* a K-major descriptor's step to column k0 (a multiple of 8) of a 64-row fp32 tile: within an
  * atom 4 k0 bytes, each atom 8 KB; in the descriptor's 16-byte units */
 #define WF_KADV(k0) ((uint64_t)((((k0) >> 5) * 8192 + ((k0) & 31) * 4) >> 4))
-/* the same for an R-row fp32 tile (each atom 128 R bytes) */
-#define WF_KADVR(R, k0) ((uint64_t)((((k0) >> 5) * (128 * (R)) + ((k0) & 31) * 4) >> 4))
 /* D (+)= A B for a 64 x N x 8 step, tf32 operands, both K-major; acc = 0 overwrites D */
 static __device__ __forceinline__ void wg_tf_m64n32k8(float (&d)[16], uint64_t da, uint64_t db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"

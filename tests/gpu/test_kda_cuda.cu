@@ -15,8 +15,8 @@
  * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
- * wgmma forward pass, reverse sweep, intra W / U, rows and mat kernels (K = V = 128, KDA_KDA_WG=1,
- * KDA_KDA_WGB=1, KDA_KDA_INTRAWG=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1; each alone, then all five)
+ * wgmma forward pass, reverse sweep, rows and mat kernels (K = V = 128, KDA_KDA_WG=1,
+ * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1; each alone, then all four)
  * against the CPU reference. Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
@@ -383,36 +383,28 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
-    /* The wgmma kernels (sm_90a; kda_cuda.cu's use_wg, use_wg_bwd, use_intra_wg, use_rows_wg,
-     * use_mat_wg: each on by default on an H100 / H200 at K = V = 128, each with its switch;
-     * this test's main() turns them all off, so that the comparisons above stay bit for bit on
-     * the mma.sync kernels). Each switch on alone, then all five, as a default run takes them;
-     * their sums run in the tensor cores' order, so a kept forward and its backward are held to
-     * the CPU reference's tolerances. KDA_KDA_WIDE=1 where a kernel runs only beside the wide
-     * passes (the two state passes; the rows kernel, which elsewhere runs inside the flow
-     * kernel or reads the fp32 dVn); KDA_KDA_FLOW=0 for intra (the flow kernel keeps
-     * k_intra_tc). */
+    /* The wgmma kernels (sm_90a; kda_cuda.cu's use_wg, use_wg_bwd, use_rows_wg, use_mat_wg:
+     * each on by default on an H100 / H200 at K = V = 128, each with its switch; this test's
+     * main() turns them all off, so that the comparisons above stay bit for bit on the mma.sync
+     * kernels). Each switch on alone, then all four, as a default run takes them; their sums
+     * run in the tensor cores' order, so a kept forward and its backward are held to the CPU
+     * reference's tolerances. KDA_KDA_WIDE=1 where a kernel runs only beside the wide passes
+     * (the two state passes; the rows kernel, which elsewhere runs inside the flow kernel or
+     * reads the fp32 dVn). */
     int dev_ = 0, maj_ = 0;
     cudaGetDevice(&dev_);
     cudaDeviceGetAttribute(&maj_, cudaDevAttrComputeCapabilityMajor, dev_);
-    static const char *const wgsw[5] = {"KDA_KDA_WG", "KDA_KDA_WGB", "KDA_KDA_INTRAWG", "KDA_KDA_ROWSWG", "KDA_KDA_MATWG"};
-    static const char *const wgwhat[6] = {"wgmma forward state pass", "wgmma reverse sweep",
-                                          "wgmma W and U in the intra kernel", "wgmma rows kernel",
+    static const char *const wgsw[4] = {"KDA_KDA_WG", "KDA_KDA_WGB", "KDA_KDA_ROWSWG", "KDA_KDA_MATWG"};
+    static const char *const wgwhat[5] = {"wgmma forward state pass", "wgmma reverse sweep", "wgmma rows kernel",
                                           "wgmma mat kernel", "every wgmma kernel"};
-    for (int c = 0; c < 6 && !(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9; c++) {
+    for (int c = 0; c < 5 && !(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9; c++) {
       std::vector<std::vector<char>> got;
-      const bool wide = c != 2 && c != 4, noflow = c == 2 || c == 5;
-      const char *fe = getenv("KDA_KDA_FLOW");
-      std::string fsave = fe ? fe : "";
-      if (wide) setenv("KDA_KDA_WIDE", "1", 1);
-      if (noflow) setenv("KDA_KDA_FLOW", "0", 1);
-      for (int k2 = 0; c == 5 && k2 < 4; k2++) setenv(wgsw[k2], "1", 1);   /* all five: the last by kept_run */
-      rc = kept_run(wgsw[c < 5 ? c : 4], "1", 1, got);
+      if (c != 3) setenv("KDA_KDA_WIDE", "1", 1);
+      for (int k2 = 0; c == 4 && k2 < 3; k2++) setenv(wgsw[k2], "1", 1);   /* all four: the last by kept_run */
+      rc = kept_run(wgsw[c < 4 ? c : 3], "1", 1, got);
       unsetenv("KDA_KDA_WIDE");
-      if (noflow && fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
-      else if (noflow) unsetenv("KDA_KDA_FLOW");
-      for (int k2 = 0; k2 < 5; k2++) setenv(wgsw[k2], "0", 1);            /* back to the mma.sync kernels */
-      std::string what = std::string(": ") + wgwhat[c] + (c < 5 ? std::string(" (") + wgsw[c] + "=1)" : " (all five =1)");
+      for (int k2 = 0; k2 < 4; k2++) setenv(wgsw[k2], "0", 1);            /* back to the mma.sync kernels */
+      std::string what = std::string(": ") + wgwhat[c] + (c < 4 ? std::string(" (") + wgsw[c] + "=1)" : " (all four =1)");
       kept_vs_ref(what.c_str());
     }
     /* the compiled K = V = 64 forms in their wide layouts (KDA_KDA_COMPACT=0): the H200 runs the
@@ -759,14 +751,13 @@ int main(int argc, char **argv) {
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
   printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
-  /* the wgmma forward pass, reverse sweep, intra W / U, rows and mat kernels (on by default on
+  /* the wgmma forward pass, reverse sweep, rows and mat kernels (on by default on
    * sm_90) sum in the tensor cores' order: the keep = recompute, flow, wide and 16-column comparisons are bit for bit on the
    * mma.sync kernels, and each K = 128 case checks the wgmma kernels against the CPU reference */
   setenv("KDA_KDA_WG", "0", 1);
   setenv("KDA_KDA_MATWG", "0", 1);
   setenv("KDA_KDA_WGB", "0", 1);
   setenv("KDA_KDA_ROWSWG", "0", 1);
-  setenv("KDA_KDA_INTRAWG", "0", 1);
   double t0 = kda_now();
   const char *paths[4] = {"tensor-core path", "KDA_KDA_SIMPLE=1 (version-1 kernels)",
                           "KDA_KDA_PRECISE=1 KDA_KDA_THREADS=state_bwd=256 (tensor-core path, precise "
