@@ -8,7 +8,11 @@
  *      diagonal blocks' column terms and again after the column products (dG, R', dbeta read
  *      the terms in fp32, as the final kernel's epilogues do);
  *   2: dW (rows -> mat), 4: dKb (mat -> final), 8: dA (rows -> final), 16: dL (mat -> final);
- *   32: the forward's kept Kb and 64 its M, where the mat kernel reads them.
+ *   32: the forward's kept Kb and 64 its M, where the mat kernel reads them;
+ *   128: the final kernel's flat form on bf16 warpgroup MMAs (session 49): a flat chunk's pairs,
+ *      diagonal blocks included, factored around the span's middle with bf16 operands dA, dL,
+ *      X = k e^{Gm - G}, [q ; b k] e^{G - Gm}; the line then ends with the flat chunks' count;
+ *   256: the same with tf32 operands (tf32 wgmma's).
  * It prints, per case, the RMS ratio (fla's metric, KDA.md §7.2: rms(x - ref) / rms(ref)) of the
  * patched gradients against the unpatched ones: the error that storage would add to the fast
  * path's own (test_kda_cuda's figures, e.g. dq 2.4e-3 against a 0.008 threshold). */
@@ -27,6 +31,8 @@ int kda_kdaref_backward_b16(const kda_kda_args *a, const float *q, const float *
                             const float *g, const float *beta, const float *A_log, const float *dt_bias,
                             const float *h0, const float *dout, const float *dht, float *dq, float *dk,
                             float *dv, float *dg, float *dbeta, float *dA_log, float *ddt_bias, float *dh0);
+
+extern long kda_b16_flat_chunks[2];   /* the patched reference's count under bit 128: flat, all */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) {                     /* xorshift64*, (0, 1) */
@@ -65,6 +71,7 @@ static void run(const study_case *c) {
     A_log = fill(a.H, 0), dt_bias = fill(a.H * a.K, 0.5);
     for (int64_t h = 0; h < a.H; h++) A_log[h] = (float)log(1 + 15 * urand());
   }
+  long f0 = kda_b16_flat_chunks[0], c0 = kda_b16_flat_chunks[1];
   float *o[2][7];                               /* dq dk dv dg dbeta dA_log ddt_bias, each side */
   int64_t len[7] = {nq, nq, nq, nq, nb, a.H, a.H * a.K};
   for (int s = 0; s < 2; s++) {
@@ -82,6 +89,8 @@ static void run(const study_case *c) {
          ratio(o[1][1], o[0][1], nq), ratio(o[1][2], o[0][2], nq), ratio(o[1][3], o[0][3], nq),
          ratio(o[1][4], o[0][4], nb));
   if (A_log) printf("  dA_log %.1e  ddt_bias %.1e", ratio(o[1][5], o[0][5], a.H), ratio(o[1][6], o[0][6], a.H * a.K));
+  if (kda_b16_flat_chunks[1] > c0)
+    printf("  (flat chunks %ld of %ld)", kda_b16_flat_chunks[0] - f0, kda_b16_flat_chunks[1] - c0);
   printf("\n");
   for (int s = 0; s < 2; s++)
     for (int i = 0; i < 7; i++) free(o[s][i]);

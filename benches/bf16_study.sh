@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # benches/bf16_study.sh — the precision cost of storing the fast backward's fp32 intermediates in
-# bf16 (the dQ, dKi scratch; dW, dKb, dA, dL; the kept Kb, M), on the CPU: builds benches/bf16_study.c against
+# bf16 (the dQ, dKi scratch; dW, dKb, dA, dL; the kept Kb, M; the final kernel's flat products' operands), on the CPU: builds benches/bf16_study.c against
 # core/kda_ref.c and against a copy of it patched by benches/results/wip/2026-12-04s45-bf16study.patch
 # (its public functions renamed *_b16), once per intermediate, and runs each.
 # Needs gcc and patch; no GPU. Prints one line of RMS ratios a case.
@@ -24,7 +24,9 @@ gcc $CF -c -o "$T/u.o" core/util.c
 # one intermediate at a time (B16_MASK, the patch's list)
 for v in "control:-DB16_IDENTITY:rounding off (control)" "m1:-DB16_MASK=1:the dQ, dKi scratch" "m2:-DB16_MASK=2:dW" \
          "m4:-DB16_MASK=4:dKb" "m8:-DB16_MASK=8:dA" "m16:-DB16_MASK=16:dL" "m32:-DB16_MASK=32:the kept Kb (mat's dW Kb^T)" \
-         "m64:-DB16_MASK=64:the kept M (mat's four products)"; do
+         "m64:-DB16_MASK=64:the kept M (mat's four products)" \
+         "m128:-DB16_MASK=128:the final kernel's flat form on bf16 operands" \
+         "m256:-DB16_MASK=256:the final kernel's flat form on tf32 operands"; do
   n=${v%%:*} r=${v#*:}; fl=${r%%:*} lab=${r#*:}
   gcc $CF $REN $fl -c -o "$T/b.o" "$T/kda_ref_b16.c"
   gcc $CF "-DSTUDY_LABEL=\"$lab\"" $([ $n = control ] && echo -DB16_CONTROL) -o "$T/$n" benches/bf16_study.c "$T/a.o" "$T/b.o" "$T/u.o" -lm
