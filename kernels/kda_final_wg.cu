@@ -60,6 +60,13 @@ template <int N> static __device__ __forceinline__ void fw_issue(float (&d)[N / 
   }
   wg_commit();
 }
+/* after wg_wait: the accumulators read from here on (an empty asm that "writes" them, ordered
+ * after the wait's, as CUTLASS's warpgroup_fence_operand: the wait names no register, so
+ * without it the compiler may move their first uses above it) */
+template <int R> static __device__ __forceinline__ void fw_fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
 /* T[d % 64][i] = tf32(v(i, d)) for the chunk rows i < 64 and the columns d in [64 h0, 64 h1)
  * (T = lo for d < 64, hi past), zeros past n. v(i, d, x) forms x[0 .. 3] of columns d .. d + 3.
  * A thread a row's four columns: a warp's 32 consecutive rows read 16-byte chunks of 32 rows of
@@ -144,6 +151,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
       }
     wg_wait<0>();
+    fw_fence_acc(acc);
 #pragma unroll
     for (int jj = 0; jj < 8; jj++)
 #pragma unroll
@@ -190,6 +198,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   fw_stage_t(T1, T1, 0, 1, n, ybk);               /* Ybk^T of d < 64 into T1 (dL's, read by S3) */
   wg_proxy_fence();
   wg_wait<0>();
+  fw_fence_acc(acc);
   __syncthreads();                                 /* R2a's reads of T2, T3, T4 done */
   fw_stage_t(T3, T3, 1, 2, n, ybk);               /* Ybk^T of d >= 64 into T3 */
   wg_proxy_fence();
@@ -206,6 +215,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
       pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
     }
   wg_wait<0>();
+  fw_fence_acc(acc);
 #pragma unroll
   for (int jj = 0; jj < 4; jj++)
 #pragma unroll
