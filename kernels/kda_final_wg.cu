@@ -22,8 +22,15 @@
  * order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us of ~3.0 ms fwd+bwd at
  * (8,2048,16,128) on an H100), its diagonal phase's pair loop and its sixteen-row products
  * behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is eight instructions
- * reading both operands from shared memory, with no per-pair exponent. tf32, not bf16: a CPU study of the flat form put bf16 operands' dg error at 2.1e-2 (the test's
- * tolerance 0.02), tf32's at 2.6e-3.
+ * reading both operands from shared memory, with no per-pair exponent. The same flat form on
+ * mma.sync lost (kda_tc.cuh, CHUNK_SPAN: its whole-chunk products cost more than the per-block
+ * ones and the pair loop they removed); whether the wgmma form wins is not yet measured. tf32,
+ * not bf16: a CPU study of the flat form put bf16 operands' dg error at 2.1e-2 (the test's
+ * tolerance 0.02), tf32's at 2.6e-3. A numpy emulation of this file's index maps, swizzled
+ * tiles, the operand reads of a 128-byte swizzled K-major descriptor, the fragment map and the
+ * epilogues matched the per-pair formula within 3e-4 (RMS ratio; n = 64, 50, 37, 1, spans up to
+ * 126, the room at several offsets from 1024), with no row past n written and no tile written
+ * in a barrier interval where another thread or a wgmma reads it.
  *
  * tf32 has no transpose bit: every operand is a K-major tile (rows its M or N index, columns
  * the contracted one), 64 x 64 fp32, 128-byte swizzled, tf32-rounded where written. Five tiles
@@ -51,7 +58,8 @@ static __device__ __forceinline__ uint64_t fw_desc(const float *t, int n0) {
 }
 /* d (=|+=) A B^T over k in [0, 64), 64 x N (A, B descriptors of K-major tiles, B's at its first
  * row), issued and committed; the caller waits */
-template <int N> static __device__ __forceinline__ void fw_issue(float (&d)[N / 2], uint64_t da, uint64_t db, bool acc) {
+template <int N>
+static __device__ __forceinline__ void fw_issue(float (&d)[N / 2], uint64_t da, uint64_t db, bool acc) {
   wg_fence();
 #pragma unroll
   for (int k0 = 0; k0 < 64; k0 += 8) {
