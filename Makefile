@@ -23,7 +23,7 @@ CU_SRC    = $(wildcard kernels/*.cu)
 ifneq ($(NVCC),)
 CU_OBJ    = $(CU_SRC:kernels/%.cu=build/cuda/%.o)
 NVFLAGS  ?= -O3 -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Icore -Ikernels -Xcompiler -Wall
-# kernels/*_wg.cu (kda_state_wg.cu, kda_mat_wg.cu, kda_rows_wg.cu) use Hopper's wgmma, which exists only in the arch-specific sm_90a
+# kernels/*_wg.cu (kda_state_wg.cu, kda_mat_wg.cu, kda_rows_wg.cu, kda_final_wg.cu) use Hopper's wgmma, which exists only in the arch-specific sm_90a
 WGFLAGS  ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icore -Ikernels -Xcompiler -Wall
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++ -ldl
 endif

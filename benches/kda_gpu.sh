@@ -3,7 +3,7 @@
 # Builds on the device with its nvcc: kernels/kda_cuda.cu (pipeline, host side), kernels/kda_v1.cu
 # (version 1 kernels, decode), kernels/kda_tc.cu, kda_tc_bwd.cu, kda_final_tc.cu and
 # kda_state_wide.cu, kda_mat_halves.cu (version 2 tensor-core kernels), kda_state_wg.cu,
-# kda_mat_wg.cu and kda_rows_wg.cu (their wgmma forms, sm_90a),
+# kda_mat_wg.cu, kda_rows_wg.cu and kda_final_wg.cu (their wgmma forms, sm_90a),
 # kernels/kda_ops.cu (the backend glue + CUDA conv1d), the CPU reference pieces the test
 # compares against (core/kda_ref.c, core/cpu_kda.c, core/util.c).
 # Logs go to $OUT (if set, else build/kda_gpu): kda_ptxas.log (registers/spills/smem per
@@ -38,18 +38,19 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
     obj kda_state_wide && "$NVCC" $WGFLAGS $(kf kda_state_wg) -Xptxas -v -c kernels/kda_state_wg.cu -o "$B/kda_state_wg.o" 2> "$B/kda_state_wg.ptxas" &&
     "$NVCC" $WGFLAGS $(kf kda_mat_wg) -Xptxas -v -c kernels/kda_mat_wg.cu -o "$B/kda_mat_wg.o" 2> "$B/kda_mat_wg.ptxas" &&
     "$NVCC" $WGFLAGS $(kf kda_rows_wg) -Xptxas -v -c kernels/kda_rows_wg.cu -o "$B/kda_rows_wg.o" 2> "$B/kda_rows_wg.ptxas" &&
+    "$NVCC" $WGFLAGS $(kf kda_final_wg) -Xptxas -v -c kernels/kda_final_wg.cu -o "$B/kda_final_wg.o" 2> "$B/kda_final_wg.ptxas" &&
     "$NVCC" $WGFLAGS tests/gpu/test_wgmma.cu -o "$B/test_wgmma" && ph kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
     gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
   ok=0; wait $s1 || ok=1; wait $s2 || ok=1
-  for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_final_tc kda_state_wide kda_state_wg kda_mat_wg kda_rows_wg kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
+  for u in kda_cuda kda_v1 kda_tc kda_tc_bwd kda_final_tc kda_state_wide kda_state_wg kda_mat_wg kda_rows_wg kda_final_wg kda_mat_halves kda_ops; do cat "$B/$u.ptxas" 2>/dev/null; done > "$LOG/kda_ptxas.log"
   [ $ok = 0 ] || { grep -E "error" "$LOG/kda_ptxas.log" | head; echo "kda_gpu.sh: a compile failed" >&2; exit 1; }
   grep -E "Compiling entry|Used|spill" "$LOG/kda_ptxas.log" | grep -v "0 bytes spill stores, 0 bytes spill loads" || true
-  O="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_ref.o $B/util.o"
+  O="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_final_wg.o $B/kda_ref.o $B/util.o"
   F="$B/kda_tc.o $B/kda_tc_bwd.o $B/kda_final_tc.o $B/kda_mat_halves.o"
   nv tests/gpu/test_kda_cuda.cu $O $F "$B/kda_ops.o" "$B/cpu_kda.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda" & s1=$!
   nv benches/kda_bench.cu $O $F -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
-  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_ref.o $B/util.o"
+  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_final_wg.o $B/kda_ref.o $B/util.o"
   nv benches/kda_bench.cu $OP "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_final_tc_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
   wait $s1
 fi

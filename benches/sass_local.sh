@@ -26,7 +26,7 @@ build() {   # SRC_ROOT OUT_DIR: every kernels/*.cu of SRC_ROOT, each for its tar
   local pids="" f src arch bad=0
   for src in "$1"/kernels/*.cu; do
     f=$(basename "$src" .cu)
-    arch=sm_90; case $f in kda_state_wg|kda_mat_wg|kda_rows_wg) arch=sm_90a ;; esac   # the Makefile's WGFLAGS: wgmma is sm_90a's
+    arch=sm_90; case $f in *_wg) arch=sm_90a ;; esac   # the Makefile's WGFLAGS: wgmma is sm_90a's
     ( "$NVCC" -O3 -std=c++17 -gencode arch=compute_${arch#sm_},code=$arch -I"$1/core" -I"$1/kernels" -Xptxas -v \
         -cubin -o "$2/$f.cubin" "$1/kernels/$f.cu" > "$2/$f.ptxas" 2>&1 &&
       $TOOLS/bin/cuobjdump -sass "$2/$f.cubin" > "$2/$f.sass" ) || { echo "sass_local.sh: $1/kernels/$f.cu did not compile or disassemble (see $2/$f.ptxas)" >&2; exit 1; } &

@@ -350,6 +350,9 @@ __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, 
 mat_tc_fn k_bwd_mat_wg_ptr(void);
 size_t smem_mat_wg(void);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
+/* the fast wide K = V = 128 form with a flat chunk's intra-chunk terms on warpgroup MMAs, tf32
+ * (kda_final_wg.cu: sm_90a only; smem_final_tc's bytes) */
+final_tc_fn k_bwd_final_wg_ptr(void);
 /* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
  * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
  * with two tile sets. bv: the second-tile-set kernels' V columns a block (BVT or BVN) */

@@ -397,7 +397,8 @@ static void preload_kernels(int kv) {
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
-        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr());
+        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
+        ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
@@ -522,6 +523,15 @@ static int use_mat_halves(int prec, int kv) {
 static int use_mat_wg(int mh) {
   const char *e = getenv("KDA_KDA_MATWG");
   return mh && cc_major() == 9 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_wg() <= smem_per_sm();
+}
+/* The fast wide final kernel at K = V = 128 with a flat chunk's intra-chunk terms on warpgroup
+ * MMAs (kda_final_wg.cu: sm_90a, tf32; a steep chunk takes k_bwd_final_tc's path in the same
+ * launch) wherever that form runs on an H100 / H200; KDA_KDA_FINALWG=0 turns it off (read per
+ * call: test_kda_cuda keeps its bit-for-bit comparisons on k_bwd_final_tc and checks this one
+ * against the CPU reference). Not yet measured. */
+static int use_final_wg(int prec, int fcm, int kv) {
+  const char *e = getenv("KDA_KDA_FINALWG");
+  return !prec && !fcm && kv == 128 && cc_major() == 9 && !(e && strcmp(e, "0") == 0);
 }
 /* the state passes' second set of chunk tiles (k_state_fwd_tc_db, k_state_bwd_tc_db, smem
  * bytes `db`): when the grid needs at most one block an SM and the tiles fit; KDA_KDA_STATE_DB=0
@@ -920,7 +930,10 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
     if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
     auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
-    if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : "k_bwd_final_tc")) return -1;
+    const int fwg = use_final_wg(prec, fcm, kv);   /* the same shared memory */
+    if (fwg) kfn = k_bwd_final_wg_ptr();
+    if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : fwg ? "k_bwd_final_wg" : "k_bwd_final_tc"))
+      return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;
     /* compact: 256 threads, so that two blocks' 128 registers a thread fit an SM. The l2-norm
      * backward (dq, dk) in the final kernel where no GVA group sum comes first (H == HV) and a
@@ -932,7 +945,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
                                                                      qk_final ? dq : nullptr, qk_final ? dk : nullptr,
                                                                      w);
-    LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
+    if (fwg) LAUNCH_OK("k_bwd_final_wg", "kda_kda_cuda_backward");
+    else LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;
     if (smem_opt_in((const void *)k_state_bwd, sm, a, op, "k_state_bwd")) return -1;

@@ -12,42 +12,7 @@
 #include "kda_tc.cuh"
 #include "kda_state.cuh"
 #include "kda_tril.cuh"
-
-/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
- * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
- * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
- * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
- * exponents. k_intra_tc only: in k_bwd_final_tc the same move cost more than it saved (its
- * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
- * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
- * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
-constexpr float DIAG_SPAN = 64.f;
-/* A flat chunk: the chunk's whole decay span (max over key dims of G_first - G_last) at most
- * CHUNK_SPAN. Its pairs factor around the span's middle Gm = (G_first + G_last) / 2, each factor
- * e^{G - Gm}, e^{Gm - G} within [e^-64, e^64] as above, and k_intra_tc forms Aqk and L as
- * whole-chunk products, diagonal blocks included (see there). k_bwd_final_tc keeps its per-block
- * products: its flat form (the row terms one product [dA ; dL] X, the column terms one product
- * [dA^T | dL^T] [q ; b k] e^{G - Gm}, no per-pair diagonal blocks; 2e7622a on wip/flat) lost,
- * 57.4k -> 63.9k cycles a block: the pair loop it removed was ~4.6k of its diagonal phase's
- * 13.7k, the whole-chunk products (K = 64 for every row block) 13.1k and 11.2k against the
- * per-block 9.0k and 6.9k; H200, (8,2048,16,128), 2026-12-02s25a. */
-constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
-/* e^{G_r - Gm} (up) and e^{Gm - G_r} (dn) for four columns from d of a flat chunk's row r (G
- * [C][GS], rows 0 .. n - 1 the chunk's) */
-static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up,
-                                                 float4 &dn) {
-  float4 g = *(const float4 *)(G + r * GS + d), g0 = *(const float4 *)(G + d),
-         gl = *(const float4 *)(G + (n - 1) * GS + d);
-  float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
-  up = make_float4(kexp(g.x - m[0]), kexp(g.y - m[1]), kexp(g.z - m[2]), kexp(g.w - m[3]));
-  dn = make_float4(kexp(m[0] - g.x), kexp(m[1] - g.y), kexp(m[2] - g.z), kexp(m[3] - g.w));
-}
-/* whether the chunk is flat (a barrier: every thread of the block calls it) */
-static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
-  bool steep = false;
-  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[d] - G[(n - 1) * GS + d] > CHUNK_SPAN;
-  return !__syncthreads_or(steep);
-}
+/* DIAG_SPAN, CHUNK_SPAN (the flat chunk), flat_exps, chunk_flat: kda_tc.cuh */
 
 /* ---- v2 intra-chunk: G, Aqk, L (factored tf32 MMAs + exact diagonal blocks), M, W, U ------ */
 /* smem (floats): q/X/V region, k, G [C][KS]; A, L, M [C][CS]; b [C] */
@@ -246,7 +211,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   /* The flat chunk: when the chunk's whole decay span (max over key dims of G_first - G_last)
    * is at most CHUNK_SPAN, every pair (i, j) factors around one reference a key dim, the
    * span's middle Gm = (G_first + G_last) / 2: e^{G_i - G_j} = e^{G_i - Gm} e^{Gm - G_j},
-   * each factor within [e^-64, e^64] as the per-block form's (CHUNK_SPAN above). Aqk and L
+   * each factor within [e^-64, e^64] as the per-block form's (CHUNK_SPAN, kda_tc.cuh). Aqk and L
    * are then products of the whole chunk, Y = [q; k] e^{G - Gm} against X = k e^{Gm - G},
    * diagonal blocks included, their operands built in one pass (with kg, s qg), instead of
    * four rounds of a block's rows against an X rebuilt around the block (each behind two

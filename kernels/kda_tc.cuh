@@ -1,6 +1,7 @@
 /* kda_tc.cuh — what the version-2 (tensor-core) KDA kernels of kda_tc.cu (intra-chunk and
  * state passes) and kda_tc_bwd.cu (the chunk-parallel backward) share: the row index macro,
- * the four-output epilogue helper, this version's design notes, and the phase counters of
+ * the four-output epilogue helper, the flat-chunk test (k_intra_tc's, k_bwd_final_wg's), this
+ * version's design notes, and the phase counters of
  * profiling builds (one set per file, read by kda_phase_report). */
 #ifndef KDA_TC_CUH
 #define KDA_TC_CUH
@@ -114,6 +115,43 @@ static __device__ __forceinline__ epi4 epi4_at(int row0, int d0, int n, int64_t 
     e.g[u] = rowi(e.r[u]) * K + e.d[u];
   }
   return e;
+}
+
+/* The largest decay a 16-row block may span (max over key dims of G_first - G_last) for its
+ * diagonal pairs to be factored around the block's first row like the off-diagonal ones: the
+ * factors then lie in [e^-64, e^64] (e^-64 ~ 1.6e-28), normal floats whose tf32 halves (the
+ * precise kernels' 3xTF32 low parts too) stay normal. Steeper blocks use exact per-pair
+ * exponents. k_intra_tc only: in k_bwd_final_tc the same move cost more than it saved (its
+ * diagonal phase 21.0k -> 11.3k cycles a block, but the factored row and column passes, whose
+ * epilogues read-modify-write the gradients in global memory, 36.0k -> 61.5k with the extra
+ * pass each: 96.4k -> 119.7k in all; H200, (8,2048,16,128)). */
+constexpr float DIAG_SPAN = 64.f;
+/* A flat chunk: the chunk's whole decay span (max over key dims of G_first - G_last) at most
+ * CHUNK_SPAN. Its pairs factor around the span's middle Gm = (G_first + G_last) / 2, each factor
+ * e^{G - Gm}, e^{Gm - G} within [e^-64, e^64] as above, and k_intra_tc forms Aqk and L as
+ * whole-chunk products, diagonal blocks included (see there). k_bwd_final_tc keeps its per-block
+ * products (k_bwd_final_wg, kda_final_wg.cu, forms a flat chunk's on tf32 warpgroup MMAs): its
+ * mma.sync flat form (the row terms one product [dA ; dL] X, the column terms one product
+ * [dA^T | dL^T] [q ; b k] e^{G - Gm}, no per-pair diagonal blocks; 2e7622a on wip/flat) lost,
+ * 57.4k -> 63.9k cycles a block: the pair loop it removed was ~4.6k of its diagonal phase's
+ * 13.7k, the whole-chunk products (K = 64 for every row block) 13.1k and 11.2k against the
+ * per-block 9.0k and 6.9k; H200, (8,2048,16,128), 2026-12-02s25a. */
+constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
+/* e^{G_r - Gm} (up) and e^{Gm - G_r} (dn) for four columns from d of a flat chunk's row r (G
+ * [C][GS], rows 0 .. n - 1 the chunk's) */
+static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up,
+                                                 float4 &dn) {
+  float4 g = *(const float4 *)(G + r * GS + d), g0 = *(const float4 *)(G + d),
+         gl = *(const float4 *)(G + (n - 1) * GS + d);
+  float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
+  up = make_float4(kexp(g.x - m[0]), kexp(g.y - m[1]), kexp(g.z - m[2]), kexp(g.w - m[3]));
+  dn = make_float4(kexp(m[0] - g.x), kexp(m[1] - g.y), kexp(m[2] - g.z), kexp(m[3] - g.w));
+}
+/* whether the chunk is flat (a barrier: every thread of the block calls it) */
+static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
+  bool steep = false;
+  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[d] - G[(n - 1) * GS + d] > CHUNK_SPAN;
+  return !__syncthreads_or(steep);
 }
 
 /* ==== version 2: tensor cores (mma.sync) ====================================================

@@ -1,7 +1,7 @@
 /* kda_wgmma.cuh — Hopper's warpgroup MMA (wgmma.mma_async, sm_90a only) for bf16 tiles in
  * shared memory with fp32 accumulators in registers: the tile layout, the operand descriptors,
- * the instructions and their fences. Used by kda_state_wg.cu and kda_mat_wg.cu (compiled for
- * sm_90a alone).
+ * the instructions and their fences. Used by kda_state_wg.cu, kda_mat_wg.cu, kda_rows_wg.cu
+ * and kda_final_wg.cu (compiled for sm_90a alone).
  *
  * A warpgroup is 4 consecutive warps (128 threads). One instruction computes D (64 x N) +=
  * A (64 x 16) B (16 x N), both operands read from shared memory by the tensor cores through
@@ -81,7 +81,7 @@ static __device__ __forceinline__ void wg_m64n16k16(float (&d)[8], uint64_t da, 
  * atom 2 k0 bytes, each atom 128 R bytes; in the descriptor's 16-byte units */
 #define WG_KADVR(R, k0) ((uint64_t)((((k0) >> 6) * (128 * (R)) + ((k0) & 63) * 2) >> 4))
 
-/* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu ----
+/* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu, kda_final_wg.cu ----
  * The same 128-byte swizzle on fp32 tiles: an atom is 32 columns (128 bytes a row), so a
  * 64-column tile is two atoms of R rows each. tf32 has no transpose bit: both operands of a
  * tf32 wgmma are K-major (rows the M or N index, columns k), and a product that contracts a
@@ -100,6 +100,15 @@ static __device__ __forceinline__ void wg_tf_m64n32k8(float (&d)[16], uint64_t d
                "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(da), "l"(db), "r"(acc));
+}
+static __device__ __forceinline__ void wg_tf_m64n64k8(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(da), "l"(db), "r"(acc));
 }
 static __device__ __forceinline__ void wg_tf_m64n16k8(float (&d)[8], uint64_t da, uint64_t db, int acc) {

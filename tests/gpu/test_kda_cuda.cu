@@ -15,9 +15,10 @@
  * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
- * wgmma forward pass, reverse sweep, rows and mat kernels (K = V = 128, KDA_KDA_WG=1,
- * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1; each alone, then all four)
- * against the CPU reference. Every KDA case runs four times: the
+ * wgmma forward pass, reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1,
+ * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all
+ * five) against the CPU reference (the final kernel's flat chunks: the decay cases, "decay flat
+ * and steep chunks" both kinds in one launch). Every KDA case runs four times: the
  * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
  * draws and the cases named so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
@@ -383,10 +384,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       if (same) printf("ok - %s: wide state passes (KDA_KDA_WIDE=1) = narrow, bit for bit\n", name), npass++;
       else printf("FAIL - %s: wide state passes differ from narrow%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
-    /* The wgmma kernels (sm_90a; kda_cuda.cu's use_wg, use_wg_bwd, use_rows_wg, use_mat_wg:
-     * each on by default on an H100 / H200 at K = V = 128, each with its switch; this test's
-     * main() turns them all off, so that the comparisons above stay bit for bit on the mma.sync
-     * kernels). Each switch on alone, then all four, as a default run takes them; their sums
+    /* The wgmma kernels (sm_90a; kda_cuda.cu's use_wg, use_wg_bwd, use_rows_wg, use_mat_wg,
+     * use_final_wg: each on by default on an H100 / H200 at K = V = 128, each with its switch;
+     * this test's main() turns them all off, so that the comparisons above stay bit for bit on
+     * the mma.sync kernels). Each switch on alone, then all five, as a default run takes them; their sums
      * run in the tensor cores' order, so a kept forward and its backward are held to the CPU
      * reference's tolerances. KDA_KDA_WIDE=1 where a kernel runs only beside the wide passes
      * (the two state passes; the rows kernel, which elsewhere runs inside the flow kernel or
@@ -394,17 +395,18 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     int dev_ = 0, maj_ = 0;
     cudaGetDevice(&dev_);
     cudaDeviceGetAttribute(&maj_, cudaDevAttrComputeCapabilityMajor, dev_);
-    static const char *const wgsw[4] = {"KDA_KDA_WG", "KDA_KDA_WGB", "KDA_KDA_ROWSWG", "KDA_KDA_MATWG"};
-    static const char *const wgwhat[5] = {"wgmma forward state pass", "wgmma reverse sweep", "wgmma rows kernel",
-                                          "wgmma mat kernel", "every wgmma kernel"};
-    for (int c = 0; c < 5 && !(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9; c++) {
+    static const char *const wgsw[5] = {"KDA_KDA_WG", "KDA_KDA_WGB", "KDA_KDA_ROWSWG", "KDA_KDA_MATWG",
+                                        "KDA_KDA_FINALWG"};
+    static const char *const wgwhat[6] = {"wgmma forward state pass", "wgmma reverse sweep", "wgmma rows kernel",
+                                          "wgmma mat kernel", "wgmma final kernel (flat chunks)", "every wgmma kernel"};
+    for (int c = 0; c < 6 && !(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9; c++) {
       std::vector<std::vector<char>> got;
-      if (c != 3) setenv("KDA_KDA_WIDE", "1", 1);
-      for (int k2 = 0; c == 4 && k2 < 3; k2++) setenv(wgsw[k2], "1", 1);   /* all four: the last by kept_run */
-      rc = kept_run(wgsw[c < 4 ? c : 3], "1", 1, got);
+      if (c != 3 && c != 4) setenv("KDA_KDA_WIDE", "1", 1);   /* the mat and final kernels run beside either */
+      for (int k2 = 0; c == 5 && k2 < 4; k2++) setenv(wgsw[k2], "1", 1);   /* all five: the last by kept_run */
+      rc = kept_run(wgsw[c < 5 ? c : 4], "1", 1, got);
       unsetenv("KDA_KDA_WIDE");
-      for (int k2 = 0; k2 < 4; k2++) setenv(wgsw[k2], "0", 1);            /* back to the mma.sync kernels */
-      std::string what = std::string(": ") + wgwhat[c] + (c < 4 ? std::string(" (") + wgsw[c] + "=1)" : " (all four =1)");
+      for (int k2 = 0; k2 < 5; k2++) setenv(wgsw[k2], "0", 1);            /* back to the mma.sync kernels */
+      std::string what = std::string(": ") + wgwhat[c] + (c < 5 ? std::string(" (") + wgsw[c] + "=1)" : " (all five =1)");
       kept_vs_ref(what.c_str());
     }
     /* the compiled K = V = 64 forms in their wide layouts (KDA_KDA_COMPACT=0): the H200 runs the
@@ -751,11 +753,12 @@ int main(int argc, char **argv) {
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
   printf("# device: %s (sm_%d%d)\n", pr.name, pr.major, pr.minor);
-  /* the wgmma forward pass, reverse sweep, rows and mat kernels (on by default on
+  /* the wgmma forward pass, reverse sweep, rows, mat and final kernels (on by default on
    * sm_90) sum in the tensor cores' order: the keep = recompute, flow, wide and 16-column comparisons are bit for bit on the
    * mma.sync kernels, and each K = 128 case checks the wgmma kernels against the CPU reference */
   setenv("KDA_KDA_WG", "0", 1);
   setenv("KDA_KDA_MATWG", "0", 1);
+  setenv("KDA_KDA_FINALWG", "0", 1);
   setenv("KDA_KDA_WGB", "0", 1);
   setenv("KDA_KDA_ROWSWG", "0", 1);
   double t0 = kda_now();

@@ -5,7 +5,7 @@
  * descriptors of a row offset, and of the second atom of an MN-major tile, as
  * kda_state_wg.cu's kg). Operands are multiples of 1/4 in [-2, 2], so every product and sum is
  * exact in fp32: D must match bit for bit. The tf32 form (fp32 tiles, both operands K-major,
- * kda_mat_wg.cu's) likewise; and the MN-major A operand and the negated one (the reverse
+ * kda_mat_wg.cu's, kda_final_wg.cu's; N = 64, 32, 16) likewise; and the MN-major A operand and the negated one (the reverse
  * sweep's). Ends with "N passed, N failed". */
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +75,8 @@ __global__ void k_wgf_test(const float *a, const float *b, float *d, int n0) {
   const uint64_t da = wg_desc(As, 16, 1024), db = wg_desc(Bs, 16, 1024) + (uint64_t)(n0 * 128 / 16);
   wg_fence();
   for (int k0 = 0; k0 < KF; k0 += 8) {
-    if constexpr (N == 32) wg_tf_m64n32k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
+    if constexpr (N == 64) wg_tf_m64n64k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
+    else if constexpr (N == 32) wg_tf_m64n32k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
     else wg_tf_m64n16k8(acc, da + WF_KADV(k0), db + WF_KADV(k0), k0 > 0);
   }
   wg_commit();
@@ -172,6 +173,8 @@ int main() {
   run_tf<32>("wgmma tf32 m64n32k8 x 8, K-major A and B (two atoms along k)", af, bf, 0);
   run_tf<32>("wgmma tf32 m64n32k8 x 8, K-major B from its row 32", af, bf, 32);
   run_tf<16>("wgmma tf32 m64n16k8 x 8, K-major B from its row 48", af, bf, 48);
+  /* kda_final_wg.cu's row terms: the whole 64-row B tile */
+  run_tf<64>("wgmma tf32 m64n64k8 x 8, K-major A and B, the whole B tile", af, bf, 0);
   printf("%d passed, %d failed\n", npass, nfail);
   return nfail != 0;
 }

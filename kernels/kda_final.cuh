@@ -1,0 +1,511 @@
+/* kda_final.cuh — the body of the backward's last chunk kernel (bwd_final_tc: the intra-chunk
+ * terms, dG, the gate and beta chains, the l2-norm backward), one template for
+ * kda_final_tc.cu's k_bwd_final_tc (every form; WG = false) and kda_final_wg.cu's
+ * k_bwd_final_wg (the fast wide K = V = 128 form, WG = true: a flat chunk's intra-chunk terms on
+ * Hopper's tf32 warpgroup MMAs, final_flat_wg there). */
+#pragma once
+#include "kda_tc.cuh"
+
+/* Intra-chunk backward (§4.3 B4), dG, reverse cumsum, gate and beta chains.
+ * smem fp32: G [C][KS]; X [C+32][K16+8] (factored operands; [KS] compact); dA, dL [C][CS]; b, dbi [C];
+ * dGn [K16]; dG [C][KS] (the gate gradient, summed here over four phases, read by the gate
+ * chain: it was w.dW in global memory, three read-modify-write passes and the chain's loads);
+ * rq, rk [C] and the raw bf16 q, k [C][K16+8]; the wide layout also dKb [C][KS] (R' below);
+ * the column terms' A tiles [16][final_at_cols(C)] (the fast kernels).
+ * q, k raw: the l2-normalised rows are q rq, k rk (ws.rn), formed where read, the products
+ * k_intra_tc formed, so the same values as the fp32 qn, kn tiles staged until 2026-12-02 in
+ * half the room; that room holds dKb, which the diagonal phase, the row products and the R
+ * terms read and wrote in global memory (4.5 passes of 4 C K bytes a block, now one staged
+ * read). Alone a wash (H200, 2026-12-02s26a: the staging grew by what the diagonal phase and
+ * the row products lost); the raw rows are what lets the R terms do the l2-norm backward. */
+/* the column terms' groups: from block J0, the blocks whose X_J ([q ; b k] rows i > 16 J + 15,
+ * 2 m16 rows each) fit X's C + 32 rows together (at C = 64: {0}, {1, 2}); returns the end J1
+ * and in *at the group's A-tile columns (2 m16 + 4 a block) */
+static __host__ __device__ __forceinline__ int col_group(int J0, int n, int C, int *at) {
+  int xrows = 0, J1 = J0, nI = (n + 15) / 16;
+  for (*at = 0; J1 < nI - 1; J1++) {
+    int m16 = r16(n - 16 * J1 - 16);
+    if (xrows + 2 * m16 > C + 32) break;
+    xrows += 2 * m16, *at += 2 * m16 + 4;
+  }
+  return J1;
+}
+/* the widest group's A-tile columns over chunk lengths (the groups depend on n only through
+ * r16(n)): 104 at C = 64, 36 at C = 32 */
+static __host__ __device__ __forceinline__ int final_at_cols(int C) {
+  int w = 0;
+  for (int n = 16; n < C + 16; n += 16)
+    for (int J0 = 0, at; J0 < (n + 15) / 16 - 1;) {
+      J0 = col_group(J0, n, C, &at);
+      w = at > w ? at : w;
+    }
+  return w;
+}
+/* k_bwd_final_wg's flat chunk (kda_final_wg.cu): the body's tiles it reads and writes, its
+ * chunk's rows of dQ, dKi (at RS floats a row) and its row count */
+struct final_flat {
+  const float *Gs, *dAs, *dLs, *bs, *rq, *rk;
+  const sbf *qb, *kb;
+  float *X, *dGs, *dKbs, *dQg, *dKig;
+  float scale;
+  int n, RS;
+};
+/* ph(s): the body's phase mark s (PH) */
+template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph);
+/* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the row count
+ * fixed at compile time (loops and row checks fold), or 0: the chunk table's. WG (the fast wide
+ * K = 128 form only, kda_final_wg.cu): a flat chunk's intra-chunk terms by final_flat_wg */
+template <bool PR, bool CM, int KV, int NF, bool WG = false>
+static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
+                                                    const void *beta, const float *A_log, const float *dt_bias,
+                                                    void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
+  constexpr int PT = PR ? P_3TF32 : P_TF32;
+  kv_fix<KV, CM ? 256 : NTC>(p);
+  extern __shared__ __align__(16) float sm[];
+  __shared__ float red[32];
+  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  const int n = NF ? NF : ct[2];
+  if (!n) return;
+  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
+  int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
+  /* X's pitch: X is only ever a B operand read by scalar fragment loads (rows k0 + lane % 4,
+   * columns j0 + lane / 4), which fall in 32 distinct banks at r16 + 8 (two-way conflicts at
+   * KS = r16 + 4); the compact layout keeps KS (its 1.5 KB more would not let two blocks share
+   * an SM). H200, (8,2048,16,128), with the element pass's loads below: the row and column
+   * products 9.6k -> 9.0k and 7.5k -> 6.9k cycles a block, fwd+bwd 4.26-4.28 -> 4.23-4.24 ms */
+  const int XS = CM ? KS : K16 + 8, QB = K16 + 8;   /* QB: the bf16 q, k rows' pitch (conflict-free pairs) */
+  constexpr bool KBS = !CM;                         /* dKb (R') in shared memory */
+  float *Gs = sm, *X = Gs + C * KS, *dAs = X + (C + 32) * XS, *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS),
+        *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32, *rq = dGs + C * KS, *rk = rq + C;
+  sbf *qb = (sbf *)(rk + C), *kb = qb + C * QB;
+  float *dKbs = (float *)(kb + C * QB), *At = dKbs + (KBS ? C * KS : 0);
+  /* the l2-normalised q, k (the fp32 rows k_intra_tc formed, bit for bit) */
+  auto qv = [&](int i, int d) { return __bfloat162float(qb[i * QB + d]) * rq[i]; };
+  auto kv = [&](int i, int d) { return __bfloat162float(kb[i * QB + d]) * rk[i]; };
+  auto v4 = [&](const sbf *t, const float *r, int i, int d) {   /* four columns d .. d + 3 */
+    uint2 u = *(const uint2 *)(t + i * QB + d);
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    float f = r[i];
+    return make_float4(a.x * f, a.y * f, b.x * f, b.y * f);
+  };
+  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
+   * (smem_final_tc_compact) */
+  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + C - i : dLs + i * CS; };
+  /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
+   * first element, in 32-bit offsets (64-bit index products per element loaded the integer
+   * pipe, this kernel's busiest: ncu ALU 35.8%) */
+  const int RS = (int)(HV * K), RC = (int)HV * C;
+  const int64_t g0 = ROWI(0) * K;
+  float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
+  const float *dA0 = w.dA + ROWI(0) * C, *dL0 = w.dL + ROWI(0) * C;
+  PH_INIT(5);
+  float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
+  {                                                 /* asynchronous staging, zero-filled */
+    bool al = K % 4 == 0;
+    const int64_t hq = h / (HV / p.H);
+    cp_tile_bf16(qb, QB, C, K16, n, K, q, t0, p.H, hq);
+    cp_tile_bf16(kb, QB, C, K16, n, K, k, t0, p.H, hq);
+    if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
+    /* pad rows repeat the last G: exponents <= 0 */
+    cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
+    if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
+      for (int e = tid; e < C * C; e += BT) {
+        int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
+        bool ok = i < n;
+        cp_async4(dAs + r * CS + c, ok ? (c <= r ? dA0 + (r * RC + c) : dL0 + (i * RC + c - r - 1)) : w.dA, ok);
+      }
+    else {
+      cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
+      cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
+    }
+    /* the inter-chunk dKi into X's rows 32 .. 32 + C (free until the off-diagonal terms) and
+     * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
+     * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
+     * block at (8,2048,16,128)) */
+    cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
+    cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
+  }
+  for (int r = tid; r < C; r += BT) {
+    float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
+    bs[r] = r < n ? w.b[ROWI(r)] : 0.f, rq[r] = f.x, rk[r] = f.y;
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  PH(0);
+  {                                                 /* dGn with the inter-chunk dKi (before intra) */
+    /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
+     * the group sums go to X's first rows and are added in group order. The staged dKi is
+     * the rows kernel's Vn dS^T: its factor e^{Gn - G} is applied here, in place, for the
+     * phases after this one too (the rows kernel stages no G; a pass of its own over the
+     * tile cost ~1.6k cycles a block at (8,2048,16,128)); dQ's s e^G in the diagonal phase */
+    int ng = (n + 15) / 16;
+    for (int e = tid; e < ng * (int)K; e += BT) {
+      int r0 = (e / (int)K) * 16, d = e % (int)K;
+      float x[16], acc = 0, gl = Gs[(n - 1) * KS + d];
+#pragma unroll
+      for (int u = 0; u < 16; u++) {               /* zero past n (G's pad rows repeat the last) */
+        x[u] = Xd[(r0 + u) * XS + d] * kexp(gl - Gs[(r0 + u) * KS + d]);
+        Xd[(r0 + u) * XS + d] = x[u];
+      }
+#pragma unroll
+      for (int u = 0; u < 16; u++)
+        if (r0 + u < n) acc += kv(r0 + u, d) * x[u];
+      X[(r0 / 16) * XS + d] = acc;
+    }
+    __syncthreads();
+    for (int d = tid; d < K; d += BT) {
+      float acc = kexp(Gs[(n - 1) * KS + d]) * dGn[d];   /* dGn holds dgn, staged */
+      for (int gq = 0; gq < ng; gq++) acc += X[gq * XS + d];
+      dGn[d] = acc;
+    }
+  }
+  PH(1);                                            /* (the diagonal phase reads none of dGn, X) */
+  /* k_bwd_final_wg: a flat chunk (kda_tc.cuh's chunk_flat, after the dGn phase's reads of X)
+   * takes the intra-chunk terms below as whole-chunk products on warpgroup MMAs, PH(2) .. PH(6)
+   * its stages; a steep one the per-block form, in the same launch */
+  bool flat = false;
+  if constexpr (WG) {
+    flat = chunk_flat(Gs, KS, n, (int)K);
+    if (flat)
+      final_flat_wg<NF>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dQg, dKig, p.scale, n, RS},
+                        [&](int s) { PH(s); });
+  }
+  if (!flat) {
+    /* inter parts of dG (into the dG tile) fused with the diagonal blocks (unfactored: any
+     * decay). A thread owns one column d of one 16-row block: G and k of its 16 rows in
+     * registers, each pair's e^{G_i - G_j} formed once and used twice, as row i's term
+     * (dq_intra, R) and as column j's (dk_col); dA, dL are broadcast loads. Sums run in the
+     * same order as one element at a time (j up for a row, i up for a column). It was a thread
+     * per element recomputing each pair's exponent for the row and for the column terms and
+     * reloading G, k per pair: 31% of the kernel. */
+    for (int e = tid; e < (C / 16) * (int)K; e += BT) {
+      int I0 = (e / (int)K) * 16, d = e % (int)K;
+      if (I0 >= n) continue;
+      float gr[16], kr[16], dqi[16], R[16], col[16], ex[16];
+  #pragma unroll
+      for (int i = 0; i < 16; i++)
+        gr[i] = Gs[(I0 + i) * KS + d], kr[i] = kv(I0 + i, d), dqi[i] = R[i] = col[i] = 0.f;
+  #pragma unroll
+      for (int i = 0; i < 16; i++) {
+        if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
+        const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dl_row(I0 + i) + I0;
+        float qi = qv(I0 + i, d), bki = bs[I0 + i] * kr[i];
+        /* ex[j] = e^{G_i - G_j}: row i - 1's times the step's decay e^{G_i - G_(i-1)}, one
+         * exponential a row instead of one a pair (136 MUFU.EX2 a thread); at most 15 roundings,
+         * ~1e-6 relative, where e^{G_i - G_j} of the cumsums carries |G| 2^-24 in its exponent */
+        float ai = i ? kexp(gr[i] - gr[i - 1]) : 1.f;
+  #pragma unroll
+        for (int j = 0; j < i; j++) ex[j] *= ai;
+        ex[i] = 1.f;
+  #pragma unroll
+        for (int j = 0; j <= i; j++) {
+          float E = ex[j], kj = kr[j] * E, a = dAr[j];
+          dqi[i] += a * kj;
+          if (j < i) {
+            float l = dLr[j];
+            R[i] += l * kj;
+            col[j] += (a * qi + l * bki) * E;
+          } else
+            col[j] += (a * qi + 0.f) * E;
+        }
+      }
+      /* EB elements' global loads in flight (their stores, which might alias, end a group): 8 in
+       * the compiled wide forms (2 round trips a thread instead of 4; no spills), 4 in the compact
+       * and run-time ones (at 8 their 128 registers a thread spill). With X's pitch below, H200,
+       * (8,2048,16,128): this phase 15.3k -> 13.7k cycles a block (benches/results/2026-12-03b,e) */
+      constexpr int EB = CM || !KV ? 4 : 8;
+  #pragma unroll
+      for (int i0 = 0; i0 < 16; i0 += EB) {
+        float dkb[EB], dq0[EB];
+  #pragma unroll
+        for (int u = 0; u < EB; u++)
+          if (I0 + i0 + u < n) {
+            int gi = (I0 + i0 + u) * RS + d;
+            dq0[u] = dQg[gi];
+            if (!KBS) dkb[u] = dKbg[gi];
+          }
+  #pragma unroll
+        for (int u = 0; u < EB; u++) {
+          int i = i0 + u;
+          if (I0 + i >= n) break;
+          int gi = (I0 + i) * RS + d;
+          float qn = qv(I0 + i, d), kn = kv(I0 + i, d), eg = kexp(Gs[(I0 + i) * KS + d]),
+                dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
+          float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
+          dQg[gi] = dq + dqi[i];
+          if constexpr (KBS) {                        /* R' = R + dKb e^G: see the R terms */
+            float *r = dKbs + (I0 + i) * KS + d;
+            *r = R[i] + *r * eg;
+          } else
+            dKbg[gi] = R[i] + dkb[u] * eg;
+          dKig[gi] = dki + col[i];
+          dGs[(I0 + i) * KS + d] = (qn * dq - kn * dki) + (qn * dqi[i] - kn * col[i]);
+        }
+      }
+    }
+    __syncthreads();                                  /* the staged dKi (X's rows) read above */
+    PH(2);
+    /* Off-diagonal terms, in factored products (kda_tc.cuh). Every block's operands are staged
+     * before one barrier and its products follow with none between them (their outputs are
+     * disjoint rows), and each epilogue's global loads are issued before its tile's MMAs (L):
+     * it was a barrier pair, a product and its read-modify-write per block, the loads after the
+     * MMAs. H200, one run against the per-block form: fwd+bwd (8,2048,16,128) 5.02 -> 4.97 ms,
+     * precise 9.40 -> 9.31, this kernel 80.9k -> 78.4k cycles a block.
+     * Row terms: block I (rows r = 16 I ..) against columns j < r, factored around row r; X_I =
+     * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
+     * C + 32). The previous barrier (after the diagonal blocks) and the one below order X and
+     * dG. */
+    /* The fast form's operands are rounded to tf32 where written (X, and the wide layout's dA, dL
+     * in place once the diagonal blocks have read them at fp32) and the products take them by
+     * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
+     * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
+     * keep mma_blk4 in the row terms. The column terms' A (dA, dL transposed: ldmatrix cannot
+     * transpose 32-bit values) is staged per group into At (final_at_cols), in both layouts (LDC;
+     * the compact one rounds it there, its dA, dL tile staying fp32). The compact form's column
+     * terms by mma_blk4 before: H200, one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4
+     * -> 47.6 us (its column products 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 ->
+     * 0.443 ms, (8,512,4,64) 0.145 -> 0.144 */
+    constexpr bool LDM = !PR && !CM, LDC = !PR;
+    auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
+    auto rnd4c = [](float4 v) { return LDC ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
+    const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
+    auto xo = [](int I) { return 8 * I * (I - 1); };
+    for (int I = 1; I < nI; I++) {
+      int r = 16 * I;
+      float *XI = X + xo(I) * XS;
+      for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
+        int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
+        float4 kj = v4(kb, rk, j, d), gr = *(const float4 *)(Gs + r * KS + d),
+               gj = *(const float4 *)(Gs + j * KS + d);
+        *(float4 *)(XI + j * XS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
+                                                        kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
+      }
+    }
+    if constexpr (LDM)                                /* dA, dL from here MMA operands only (tf32) */
+      for (int e = tid; e < 2 * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
+    __syncthreads();
+    PH(3);
+    for (int I = 1; I < nI; I++) {
+      int r = 16 * I;
+      const float *XI = X + xo(I) * XS;
+      /* a tile's 4 outputs: rows ii, ii+8 of one half (dQ rows, then dKb rows), columns d0, d0+1 */
+      auto at = [&](int ii, int d0) { return epi4_at(r + (ii & 15), d0, n, K, [&](int i) { return (int64_t)i; }); };
+      struct pre4 { float a[4]; };
+      auto xb = [&](int j, int d) { return XI[j * XS + d]; };
+      auto epi = [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+        float x[4] = {c0, c1, c2, c3};
+        const epi4 e = at(ii, d0);
+        /* a row's two columns (u, u + 1) in one global store (pairs2) */
+  #pragma unroll
+        for (int u = 0; u < 4; u += 2)
+          if (e.ok[u]) {
+            bool n1 = e.ok[u + 1];
+            int si = e.r[u] * KS + d0;
+            float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
+            float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
+            float *dst = ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + si : dKbg + e.r[u] * RS + d0;
+            st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+            if (ii < 16) {
+              dGs[si] += qv(e.r[u], d0) * y0;
+              if (n1) dGs[si + 1] += qv(e.r[u], d0 + 1) * y1;
+            }
+          }
+      };
+      auto pre = [&](int ii, int d0) {
+        const epi4 e = at(ii, d0);
+        pre4 pf;
+  #pragma unroll
+        for (int u = 0; u < 4; u += 2)
+          if (e.ok[u]) {
+            const float *src =
+                ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + e.r[u] * KS + d0 : dKbg + e.r[u] * RS + d0;
+            float2 v = ld2f(src, e.ok[u + 1]);
+            pf.a[u] = v.x, pf.a[u + 1] = v.y;
+          }
+        return pf;
+      };
+      if constexpr (LDM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
+        mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, dLs + r * CS, CS, 16, 32}, xb, epi, pre);
+      else
+        mma_blk4<PT>(
+            32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; }, xb,
+            epi, pre);
+    }
+    PH(4);
+    /* Column terms: block J against rows i > r' = 16 J + 15, factored around r'; X_J = [q_i ;
+     * b_i k_i] e^{G_i - G_r'} (2 m16 rows). Blocks go in groups whose X_J fit X's C + 32 rows
+     * together (at C = 64: {0}, {1, 2}). */
+    auto m16of = [&](int J) { return r16(n - 16 * J - 16); };
+    for (int J0 = 0, J1; J0 < nI - 1; J0 = J1) {
+      int atcols;                                     /* <= final_at_cols(C): At holds the group's A tiles */
+      J1 = col_group(J0, n, C, &atcols);
+      __syncthreads();                                /* the previous products' reads of X (and A) done */
+      for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
+        int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
+        float *XJ = X + xoff * XS;
+        for (int e = tid; e < m16 * (K16 / 4); e += BT) {
+          int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
+          float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+          if (ii < mrow) {
+            float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
+                   qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
+            float b = bs[i];
+            float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
+            x0 = rnd4c(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+            x1 = rnd4c(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
+          }
+          *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
+        }
+        if (LDC)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+          for (int e = tid; e < 32 * m16; e += BT) {
+            int k = e >> 4, jj = e & 15, j = 16 * J + jj;
+            float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
+                              : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
+            At[aoff + jj * (2 * m16 + 4) + k] = LDM ? a : tf32r(a);   /* LDM: dA, dL already tf32 */
+          }
+      }
+      __syncthreads();
+      PH(5);
+      for (int J = J0, xoff = 0, aoff = 0; J < J1; xoff += 2 * m16of(J), aoff += 16 * (2 * m16of(J) + 4), J++) {
+        int rp = 16 * J + 15, mrow = n - rp - 1, m16 = m16of(J);
+        const float *XJ = X + xoff * XS;
+        auto at = [&](int jj, int d0) { return epi4_at(16 * J + jj, d0, n, K, [&](int j) { return (int64_t)j; }); };
+        struct pre4 { float a[4]; };
+        auto xb = [&](int k, int d) { return XJ[k * XS + d]; };
+        auto epi = [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
+          float x[4] = {c0, c1, c2, c3};
+          const epi4 e = at(jj, d0);
+  #pragma unroll
+          for (int u = 0; u < 4; u += 2)              /* a row's two columns in one global store */
+            if (e.ok[u]) {
+              bool n1 = e.ok[u + 1];
+              int sj = e.r[u] * KS + d0;
+              float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
+              float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
+              st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
+              dGs[sj] -= kv(e.r[u], d0) * y0;
+              if (n1) dGs[sj + 1] -= kv(e.r[u], d0 + 1) * y1;
+            }
+        };
+        auto pre = [&](int jj, int d0) {
+          const epi4 e = at(jj, d0);
+          pre4 pf;
+  #pragma unroll
+          for (int u = 0; u < 4; u += 2)
+            if (e.ok[u]) {
+              float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
+              pf.a[u] = v.x, pf.a[u + 1] = v.y;
+            }
+          return pf;
+        };
+        if (LDC) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
+        else
+          mma_blk4<PT>(16, K16, 2 * m16,
+                       [&](int jj, int k) {
+                         int j = 16 * J + jj;
+                         if (k < m16) return k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f;
+                         k -= m16;
+                         return k < mrow ? dl_row(rp + 1 + k)[j] : 0.f;
+                       },
+                       xb, epi, pre);
+      }
+      PH(6);
+    }
+  }
+  __syncthreads();
+  int lane = tid & 31, wp = tid >> 5;
+  /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
+   * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
+   * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
+   * dq_out, dk_out (H == HV, K <= 128: a lane's 4 columns are the row's all): the row's dKi is
+   * final here and its dQ since the row products, so their l2-norm backward (k_qk_bwd's: y = x r
+   * gives dx = r dy - r^3 (dy . x) x, x the raw row, r its factor) runs here and dq, dk go out
+   * in bf16; dQ, dKi in fp32 went to k_qk_bwd, which read them back with the raw q, k. The sums
+   * run in another order than k_qk_bwd's (lanes strided by 32, not 4 adjacent columns). */
+  for (int i = wp; i < n; i += BT / 32) {
+    float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
+    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
+      float R[4], dk[4], dw[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        int gi = i * RS + d;
+        if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+        if (dk_out && d < K) yq[u] = dQg[gi];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = d0 + 32 * u;
+        if (d >= K) break;
+        int gi = i * RS + d;
+        float kn = kv(i, d);
+        y[u] = dk[u] + b * R[u];
+        if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
+        else dKig[gi] = y[u];
+        dGs[i * KS + d] = dw[u] + kn * b * R[u];
+        acc += kn * R[u];
+      }
+    }
+    acc = kc_warp_sum(acc);
+    if (!lane) dbi[i] = acc;
+    if (dk_out) {
+      const int gi0 = i * RS;
+      float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int d = lane + 32 * u;
+        if (d >= K) break;
+        stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
+        stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
+      }
+    }
+  }
+  __syncthreads();
+  PH(7);
+  /* reverse cumsum + gate chain (§2.1), a column's rows in ns segments of L, a thread each
+   * (one thread a column ran a 64-row chain on K of the block's threads: 7.5% of the kernel's
+   * cycles at (8,2048,16,128)): each segment's dG total, then each segment's chain continued
+   * from dGn plus the later segments' totals; ddt_bias partials summed in segment order.
+   * X is free here. H200, one run: fwd+bwd (8,2048,16,128) 5.04 -> 5.00 ms, (1,8192,16,128)
+   * 3.111 -> 3.089, precise 9.41 -> 9.36 */
+  float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
+  const int64_t gp = ((int64_t)cb * HV + h) * (K + 1);
+  const int ns = BT / (int)K < 8 ? BT / (int)K : 8, L = (n + ns - 1) / ns, d = tid % (int)K, s = tid / (int)K;
+  auto dg_at = [&](int r) { return dGs[r * KS + d]; };
+  if (ns >= 2) {
+    float *segT = X, *segD = X + ns * K16;            /* [ns][K16] totals, ddt_bias partials */
+    const int lo = s * L, hi = (s + 1) * L < n ? (s + 1) * L - 1 : n - 1;
+    if (s < ns) {
+      float t = 0;
+      for (int r = hi; r >= lo; r--) t += dg_at(r);
+      segT[s * K16 + d] = t;
+    }
+    __syncthreads();
+    if (s < ns) {
+      float acc = dGn[d];
+      for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
+      segD[s * K16 + d] = gate_chain_col(p, dg_at, g, dt_bias, A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+    }
+    __syncthreads();
+    for (int c = tid; c < K; c += BT) {
+      float t = 0;
+      for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
+      w.gpart[gp + c] = t;
+    }
+  } else
+    for (int c = tid; c < K; c += BT)
+      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[r * KS + c]; }, g, dt_bias, A_log != NULL, dg, t0,
+                                       h, 0, n - 1, c, dGn[c], ea, &dAl);
+  dAl = block_sum(dAl, red);
+  if (tid == 0) w.gpart[gp + K] = dAl;
+  PH(8);
+  for (int r = tid; r < n; r += BT) {              /* beta chain (§2.2) */
+    float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
+    if (p.beta_mode) {
+      float s = sigm(x);
+      db *= (p.beta_mode == 2 ? 2.f : 1.f) * s * (1 - s);
+    }
+    stb(dbeta, ROWI(r), db);
+  }
+  PH(9);
+}
