@@ -10,7 +10,9 @@
 # kernel), kda_sass.log (HMMA count), kda_test.log (both paths + exec nodes), kda_bench.log
 # (version 2), kda_bench_simple.log (version 1, KDA_KDA_SIMPLE=1), kda_attn_peer.log (when
 # python3 has torch). Also builds kda_bench_phases (the bench with the kernels' phase timers,
-# -DKDA_PHASES; benches/device_run.sh profile runs it). Exit status: non-zero if the test fails
+# -DKDA_PHASES; benches/device_run.sh profile runs it): the phase objects (*_phases.o) of
+# kda_tc, kda_tc_bwd, kda_final_tc, kda_mat_halves, kda_state_wide and kda_final_wg (sm_90a: on
+# compute capability 9.0 the host runs k_bwd_final_wg, its row "bwd_final_wg"). Exit status: non-zero if the test fails
 # or a bench crashes.
 # Usage: sh benches/kda_gpu.sh        (from the repository root; NVCC, ARCH may be overridden)
 set -eu
@@ -39,6 +41,7 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
     "$NVCC" $WGFLAGS $(kf kda_mat_wg) -Xptxas -v -c kernels/kda_mat_wg.cu -o "$B/kda_mat_wg.o" 2> "$B/kda_mat_wg.ptxas" &&
     "$NVCC" $WGFLAGS $(kf kda_rows_wg) -Xptxas -v -c kernels/kda_rows_wg.cu -o "$B/kda_rows_wg.o" 2> "$B/kda_rows_wg.ptxas" &&
     "$NVCC" $WGFLAGS $(kf kda_final_wg) -Xptxas -v -c kernels/kda_final_wg.cu -o "$B/kda_final_wg.o" 2> "$B/kda_final_wg.ptxas" &&
+    "$NVCC" $WGFLAGS $(kf kda_final_wg) -DKDA_PHASES -c kernels/kda_final_wg.cu -o "$B/kda_final_wg_phases.o" &&
     "$NVCC" $WGFLAGS tests/gpu/test_wgmma.cu -o "$B/test_wgmma" && ph kda_state_wide && gcc $CFLAGS -c core/kda_ref.c -o "$B/kda_ref.o" && gcc $CFLAGS -c core/util.c -o "$B/util.o" &&
     gcc $CFLAGS -c core/cpu_kda.c -o "$B/cpu_kda.o" ) & s2=$!
   ok=0; wait $s1 || ok=1; wait $s2 || ok=1
@@ -50,7 +53,8 @@ if newer "$B/test_kda_cuda" || newer "$B/kda_bench" || newer "$B/kda_bench_phase
   nv tests/gpu/test_kda_cuda.cu $O $F "$B/kda_ops.o" "$B/cpu_kda.o" -Xcompiler -fopenmp -o "$B/test_kda_cuda" & s1=$!
   nv benches/kda_bench.cu $O $F -Xcompiler -fopenmp -o "$B/kda_bench"
   # kda_bench_phases: the same bench with the kernels' phase timers compiled in (-DKDA_PHASES)
-  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_final_wg.o $B/kda_ref.o $B/util.o"
+  # (kda_final_wg_phases.o: k_bwd_final_wg's counters, which kda_tc.cu's report takes)
+  OP="$B/kda_cuda.o $B/kda_v1.o $B/kda_state_wide_phases.o $B/kda_state_wg.o $B/kda_mat_wg.o $B/kda_rows_wg.o $B/kda_final_wg_phases.o $B/kda_ref.o $B/util.o"
   nv benches/kda_bench.cu $OP "$B/kda_tc_phases.o" "$B/kda_tc_bwd_phases.o" "$B/kda_final_tc_phases.o" "$B/kda_mat_halves_phases.o" -Xcompiler -fopenmp -o "$B/kda_bench_phases"
   wait $s1
 fi

@@ -285,12 +285,15 @@ static inline __host__ __device__ constexpr int db_sets(int kv, int nv) { return
  * PH_INIT(kernel) starts a block's clock; PH(phase) waits for the block (an extra barrier, so
  * a timed build runs a little slower) and adds the cycles since the last mark to
  * kda_phase_cyc[kernel][phase], summed over blocks; kda_phase_report prints each phase's share
- * and mean cycles per block. Ordinary builds compile the marks to nothing. */
-#define KDA_PH_KERNELS 6
+ * and mean cycles per block. Ordinary builds compile the marks to nothing. Kernel ids: 0 intra,
+ * 1 state_fwd, 2 state_bwd, 3 bwd_rows, 4 bwd_mat, 5 bwd_final (k_bwd_final_tc), 6 bwd_final_wg
+ * (k_bwd_final_wg: kda_final.cuh's body with WG, its own file's counters). */
+#define KDA_PH_KERNELS 7
 #define KDA_PH_PHASES 12
 #ifdef KDA_PHASES   /* kda_phase_cyc: one per file that marks phases (kda_tc.cuh) */
 void kda_phase_take_bwd(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_tc_bwd.cu's, into c */
 void kda_phase_take_final(unsigned long long (*c)[KDA_PH_PHASES + 1]); /* kda_final_tc.cu's */
+void kda_phase_take_final_wg(unsigned long long (*c)[KDA_PH_PHASES + 1]); /* kda_final_wg.cu's */
 void kda_phase_take_mat(unsigned long long (*c)[KDA_PH_PHASES + 1]);   /* kda_mat_halves.cu's */
 void kda_phase_take_wide(unsigned long long (*c)[KDA_PH_PHASES + 1]);  /* kda_state_wide.cu's */
 #define PH_INIT(kid)                                                                        \

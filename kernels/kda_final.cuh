@@ -98,7 +98,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   const int64_t g0 = ROWI(0) * K;
   float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
   const float *dA0 = w.dA + ROWI(0) * C, *dL0 = w.dL + ROWI(0) * C;
-  PH_INIT(5);
+  PH_INIT(WG ? 6 : 5);                              /* k_bwd_final_wg: a row of its own (bwd_final_wg) */
   float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
     bool al = K % 4 == 0;

@@ -44,8 +44,11 @@
  *       of d < 64
  *   R2b T3 = the same of d >= 64, then dL^T Ybk into the same accumulators; epilogue dKi, dG's k
  *       part.
- * PH(2) .. PH(6) mark the stages (this file's counters: kda_bench_phases links the plain object,
- * so they are not reported). Rows past n are zero in every operand and never written. */
+ * PH(2) .. PH(6) mark the stages. Phase counters: this file's own (kda_tc.cuh's per-file
+ * kda_phase_cyc), kernel id 6, printed as the row "bwd_final_wg" by kda_bench_phases, which links
+ * this file's -DKDA_PHASES object (benches/kda_gpu.sh); its p2 .. p6 sum a flat chunk's stages
+ * above and a steep chunk's per-block phases (the same marks as k_bwd_final_tc's) over the
+ * launch's blocks. Rows past n are zero in every operand and never written. */
 #include "kda_final.cuh"
 #include "kda_wgmma.cuh"
 
@@ -264,3 +267,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_wg(kp p, const void *q, co
 }
 
 final_tc_fn k_bwd_final_wg_ptr(void) { return k_bwd_final_wg; }
+
+#ifdef KDA_PHASES
+void kda_phase_take_final_wg(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
+#endif

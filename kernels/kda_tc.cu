@@ -864,12 +864,14 @@ state_fwd_fn k_state_fwd_tc_pick(int form, int kv, int bv) {
 /* ---- phase timers (KDA_PHASES builds; see kda_common.cuh) ---------------------------------- */
 #ifdef KDA_PHASES
 extern "C" void kda_phase_report(const char *title) {
-  static const char *kn[KDA_PH_KERNELS] = {"intra", "state_fwd", "state_bwd", "bwd_rows", "bwd_mat", "bwd_final"};
+  static const char *kn[KDA_PH_KERNELS] = {"intra", "state_fwd", "state_bwd", "bwd_rows", "bwd_mat", "bwd_final",
+                                               "bwd_final_wg"};
   unsigned long long c[KDA_PH_KERNELS][KDA_PH_PHASES + 1] = {};
   cudaDeviceSynchronize();
   kda_phase_take(c);                               /* this file's kernels */
   kda_phase_take_bwd(c);                           /* kda_tc_bwd.cu's */
   kda_phase_take_final(c);                         /* kda_final_tc.cu's */
+  kda_phase_take_final_wg(c);                      /* kda_final_wg.cu's (kda_bench_phases links its -DKDA_PHASES object) */
   kda_phase_take_mat(c);                           /* kda_mat_halves.cu's */
   kda_phase_take_wide(c);                          /* kda_state_wide.cu's */
   printf("# phases: %s (mean cycles per block; share of the kernel's marked time)\n", title);
@@ -877,7 +879,7 @@ extern "C" void kda_phase_report(const char *title) {
     unsigned long long nb = c[k][KDA_PH_PHASES], tot = 0;
     if (!nb) continue;
     for (int ph = 0; ph < KDA_PH_PHASES; ph++) tot += c[k][ph];
-    printf("%-10s %6llu blocks %9.0f cyc/block:", kn[k], nb, (double)tot / nb);
+    printf("%-12s %6llu blocks %9.0f cyc/block:", kn[k], nb, (double)tot / nb);
     for (int ph = 0; ph < KDA_PH_PHASES; ph++)
       if (c[k][ph]) printf("  p%d %.0f (%.0f%%)", ph, (double)c[k][ph] / nb, 100.0 * c[k][ph] / tot);
     printf("\n");
