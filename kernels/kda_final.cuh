@@ -182,10 +182,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       int I0 = (e / (int)K) * 16, d = e % (int)K;
       if (I0 >= n) continue;
       float gr[16], kr[16], dqi[16], R[16], col[16], ex[16];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 16; i++)
         gr[i] = Gs[(I0 + i) * KS + d], kr[i] = kv(I0 + i, d), dqi[i] = R[i] = col[i] = 0.f;
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < 16; i++) {
         if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
         const float *dAr = dAs + (I0 + i) * CS + I0, *dLr = dl_row(I0 + i) + I0;
@@ -194,10 +194,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
          * exponential a row instead of one a pair (136 MUFU.EX2 a thread); at most 15 roundings,
          * ~1e-6 relative, where e^{G_i - G_j} of the cumsums carries |G| 2^-24 in its exponent */
         float ai = i ? kexp(gr[i] - gr[i - 1]) : 1.f;
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < i; j++) ex[j] *= ai;
         ex[i] = 1.f;
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j <= i; j++) {
           float E = ex[j], kj = kr[j] * E, a = dAr[j];
           dqi[i] += a * kj;
@@ -214,17 +214,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
        * and run-time ones (at 8 their 128 registers a thread spill). With X's pitch below, H200,
        * (8,2048,16,128): this phase 15.3k -> 13.7k cycles a block (benches/results/2026-12-03b,e) */
       constexpr int EB = CM || !KV ? 4 : 8;
-  #pragma unroll
+#pragma unroll
       for (int i0 = 0; i0 < 16; i0 += EB) {
         float dkb[EB], dq0[EB];
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < EB; u++)
           if (I0 + i0 + u < n) {
             int gi = (I0 + i0 + u) * RS + d;
             dq0[u] = dQg[gi];
             if (!KBS) dkb[u] = dKbg[gi];
           }
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < EB; u++) {
           int i = i0 + u;
           if (I0 + i >= n) break;
@@ -296,7 +296,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         float x[4] = {c0, c1, c2, c3};
         const epi4 e = at(ii, d0);
         /* a row's two columns (u, u + 1) in one global store (pairs2) */
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
             bool n1 = e.ok[u + 1];
@@ -314,7 +314,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       auto pre = [&](int ii, int d0) {
         const epi4 e = at(ii, d0);
         pre4 pf;
-  #pragma unroll
+#pragma unroll
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
             const float *src =
@@ -375,7 +375,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         auto epi = [&](int jj, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
           float x[4] = {c0, c1, c2, c3};
           const epi4 e = at(jj, d0);
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < 4; u += 2)              /* a row's two columns in one global store */
             if (e.ok[u]) {
               bool n1 = e.ok[u + 1];
@@ -390,7 +390,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         auto pre = [&](int jj, int d0) {
           const epi4 e = at(jj, d0);
           pre4 pf;
-  #pragma unroll
+#pragma unroll
           for (int u = 0; u < 4; u += 2)
             if (e.ok[u]) {
               float2 v = ld2f(dKig + e.r[u] * RS + d0, e.ok[u + 1]);
