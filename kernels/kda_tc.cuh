@@ -9,10 +9,14 @@
 #ifdef KDA_PHASES
 /* this file's counters (PH in kda_common.cuh adds to them); kda_phase_take hands them over */
 static __device__ unsigned long long kda_phase_cyc[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
-/* c += this file's counters, which restart at zero */
+/* c += this file's counters, which restart at zero. A file with no image for this device
+ * (kda_final_wg.cu is sm_90a only) has no counters to give: its copy fails and adds nothing */
 static inline void kda_phase_take(unsigned long long (*c)[KDA_PH_PHASES + 1]) {
   unsigned long long x[KDA_PH_KERNELS][KDA_PH_PHASES + 1];
-  cudaMemcpyFromSymbol(x, kda_phase_cyc, sizeof x);
+  if (cudaMemcpyFromSymbol(x, kda_phase_cyc, sizeof x) != cudaSuccess) {
+    cudaGetLastError();                             /* not sticky: clear it for the caller */
+    return;
+  }
   for (int k = 0; k < KDA_PH_KERNELS; k++)
     for (int ph = 0; ph <= KDA_PH_PHASES; ph++) c[k][ph] += x[k][ph];
   memset(x, 0, sizeof x);
