@@ -4,7 +4,7 @@
  * sm_90a alone (the Makefile's WGFLAGS); the host runs it wherever that form of k_bwd_final_tc
  * would run on compute capability 9.0, unless KDA_KDA_FINALWG=0 (kda_cuda.cu use_final_wg).
  * Same shared memory as k_bwd_final_tc: the flat stages live in the room of its X, dA and dL
- * tiles. Not yet measured on a GPU.
+ * tiles.
  *
  * A chunk is flat when its decay span (max over key dims d of G_0 - G_{n-1}) is at most
  * CHUNK_SPAN (kda_tc.cuh's chunk_flat, decided once the dGn phase is done); a steep chunk takes
@@ -24,10 +24,12 @@
  * behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is eight instructions
  * reading both operands from shared memory, with no per-pair exponent. The same flat form on
  * mma.sync lost (kda_tc.cuh, CHUNK_SPAN: its whole-chunk products cost more than the per-block
- * ones and the pair loop they removed); whether the wgmma form wins is not yet measured. tf32,
+ * ones and the pair loop they removed); the wgmma form wins: H100, one run against
+ * KDA_KDA_FINALWG=0 (benches/results/2026-12-05s50b), the kernel 1252 -> 1029 us (ncu), fwd+bwd
+ * (8,2048,16,128) 2.930-2.938 -> 2.753-2.758 ms, (1,8192,16,128) 1.780-1.786 -> 1.698-1.716. tf32,
  * not bf16: a CPU study of the flat form put bf16 operands' dg error at 2.1e-2 (the test's
- * tolerance 0.02), tf32's at 2.6e-3. A numpy emulation of this file's index maps, swizzled
- * tiles, the operand reads of a 128-byte swizzled K-major descriptor, the fragment map and the
+ * tolerance 0.02), tf32's at 2.6e-3. A numpy emulation (benches/final_flat_emu.py) of this
+ * file's index maps, swizzled tiles, the operand reads of a 128-byte swizzled K-major descriptor, the fragment map and the
  * epilogues matched the per-pair formula within 3e-4 (RMS ratio; n = 64, 50, 37, 1, spans up to
  * 126, the room at several offsets from 1024), with no row past n written and no tile written
  * in a barrier interval where another thread or a wgmma reads it.
