@@ -30,9 +30,10 @@
  * not bf16: a CPU study of the flat form put bf16 operands' dg error at 2.1e-2 (the test's
  * tolerance 0.02), tf32's at 2.6e-3. A numpy emulation (benches/final_flat_emu.py) of this
  * file's index maps, swizzled tiles, the operand reads of a 128-byte swizzled K-major
- * descriptor, the fragment map and the epilogues matched the per-pair formula within 3e-4 (RMS ratio; n = 64, 50, 37, 1, spans up to
- * 126, the room at several offsets from 1024), with no row past n written and no tile written
- * in a barrier interval where another thread or a wgmma reads it.
+ * descriptor, the fragment map and the epilogues matched the per-pair formula within 3e-4 (RMS
+ * ratio; n = 64, 50, 37, 1, spans up to 126, the room at several offsets from 1024), with no
+ * row past n written and no tile written in a barrier interval where another thread or a
+ * wgmma reads it.
  *
  * tf32 has no transpose bit: every operand is a K-major tile (rows its M or N index, columns
  * the contracted one), 64 x 64 fp32, 128-byte swizzled, tf32-rounded where written. Five tiles
