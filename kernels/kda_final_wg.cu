@@ -58,22 +58,6 @@
 enum { FW_T = 64 * 64 };   /* a 64 x 64 fp32 tile (floats) */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-/* a K-major tile's descriptor at row n0 (a multiple of 8: 128 bytes a row) */
-static __device__ __forceinline__ uint64_t fw_desc(const float *t, int n0) {
-  return wg_desc(t, 16, 1024) + (uint64_t)(n0 * 8);
-}
-/* d (=|+=) A B^T over k in [0, 64), 64 x N (A, B descriptors of K-major tiles, B's at its first
- * row), issued and committed; the caller waits */
-template <int N>
-static __device__ __forceinline__ void fw_issue(float (&d)[N / 2], uint64_t da, uint64_t db, bool acc) {
-  wg_fence();
-#pragma unroll
-  for (int k0 = 0; k0 < 64; k0 += 8) {
-    if constexpr (N == 64) wg_tf_m64n64k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
-    else wg_tf_m64n32k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
-  }
-  wg_commit();
-}
 /* after wg_wait: the accumulators read from here on (an empty asm that "writes" them, ordered
  * after the wait's, as CUTLASS's warpgroup_fence_operand: the wait names no register, so
  * without it the compiler may move their first uses above it) */
@@ -153,7 +137,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   {                                                /* R1: the row terms */
     const int ga = g & 1, d0 = 64 * (g >> 1);      /* A: dA (0) or dL (1); columns d0 .. d0 + 63 */
     float acc[32], pf[32];
-    fw_issue<64>(acc, fw_desc(ga ? T1 : T0, 0), fw_desc(g >> 1 ? T4 : T3, 0), false);
+    wf_issue<64>(acc, wf_desc(ga ? T1 : T0, 0), wf_desc(g >> 1 ? T4 : T3, 0), false);
     /* the epilogue's operands while the MMAs run: dQ0 (global) or dKb (shared) */
 #pragma unroll
     for (int jj = 0; jj < 8; jj++)
@@ -208,7 +192,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   /* R2: the column terms, warpgroup g columns d of 32 g .. 32 g + 31 (B from row 32 (g % 2) of
    * the half's tile), rows j; dA^T Yq, then dL^T Ybk into the same accumulators */
   float acc[16], pf[16];
-  fw_issue<32>(acc, fw_desc(T2, 0), fw_desc(g >> 1 ? T4 : T3, 32 * (g & 1)), false);
+  wf_issue<32>(acc, wf_desc(T2, 0), wf_desc(g >> 1 ? T4 : T3, 32 * (g & 1)), false);
   fw_stage_t(T1, T1, 0, 1, n, ybk);               /* Ybk^T of d < 64 into T1 (dL's, read by S3) */
   wg_proxy_fence();
   wg_wait<0>();
@@ -218,7 +202,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   wg_proxy_fence();
   __syncthreads();
   ph(5);
-  fw_issue<32>(acc, fw_desc(T0, 0), fw_desc(g >> 1 ? T3 : T1, 32 * (g & 1)), true);
+  wf_issue<32>(acc, wf_desc(T0, 0), wf_desc(g >> 1 ? T3 : T1, 32 * (g & 1)), true);
   const int d0 = 32 * g;
 #pragma unroll
   for (int jj = 0; jj < 4; jj++)                  /* the inter-chunk dKi (global) while the MMAs run */

@@ -64,20 +64,11 @@ template <int N, class FE> static __device__ __forceinline__ void mw_frag(const 
 #pragma unroll
   for (int j = 0; j < N / 8; j++) E(row, n0 + 8 * j + 2 * (l & 3), d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
 }
-/* d (=|+=) A B^T over k in [0, 64): A, B swizzled 64 x 64 K-major tiles' descriptors (B's at
- * its row n0), 64 x N; waits for it */
+/* d (=|+=) A B^T over k in [0, 64) (kda_wgmma.cuh's wf_issue), waited for */
 template <int N> static __device__ __forceinline__ void mw_prod(float (&d)[N / 2], uint64_t da, uint64_t db, bool acc) {
-  wg_fence();
-#pragma unroll
-  for (int k0 = 0; k0 < 64; k0 += 8) {
-    if constexpr (N == 32) wg_tf_m64n32k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
-    else wg_tf_m64n16k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
-  }
-  wg_commit();
+  wf_issue<N>(d, da, db, acc);
   wg_wait<0>();
 }
-/* a K-major tile's descriptor at row n0 (a multiple of 8: 128 bytes a row) */
-static __device__ __forceinline__ uint64_t mw_desc(const float *t, int n0) { return wg_desc(t, 16, 1024) + (uint64_t)(n0 * 8); }
 
 template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
@@ -129,9 +120,9 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
     else tf32r_tile(B0, MW_T);
     wg_proxy_fence();
     __syncthreads();
-    if (g < 2) mw_prod<32>(acc, mw_desc(A0, 0), mw_desc(B0, 32 * g), rd > 0);
+    if (g < 2) mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
     else {
-      mw_prod<32>(acc, mw_desc(MsT, 0), mw_desc(T0, 32 * (g - 2)), false);
+      mw_prod<32>(acc, wf_desc(MsT, 0), wf_desc(T0, 32 * (g - 2)), false);
       if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           const sbf *v0 = Vr + j * MW_VB + d0 + c, *v1 = v0 + 8 * MW_VB;
@@ -159,14 +150,14 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   __syncthreads();
   /* X = dM M^T (tf32, written transposed: dL's B operand), then dL = -strict-tril(M^T X) */
   float x8[8];
-  mw_prod<16>(x8, mw_desc(dMs, 0), mw_desc(Ms, 16 * g), false);
+  mw_prod<16>(x8, wf_desc(dMs, 0), wf_desc(Ms, 16 * g), false);
   mw_frag<16>(x8, 16 * g, [&](int i, int j, float x0, float x1, float x2, float x3) {
     XT[wf_off<64>(j, i)] = tf32r(x0), XT[wf_off<64>(j + 1, i)] = tf32r(x1);
     XT[wf_off<64>(j, i + 8)] = tf32r(x2), XT[wf_off<64>(j + 1, i + 8)] = tf32r(x3);
   });
   wg_proxy_fence();
   __syncthreads();
-  mw_prod<16>(x8, mw_desc(MsT, 0), mw_desc(XT, 16 * g), false);
+  mw_prod<16>(x8, wf_desc(MsT, 0), wf_desc(XT, 16 * g), false);
   mw_frag<16>(x8, 16 * g, [&](int i, int j, float x0, float x1, float x2, float x3) {
     if (i < n) st2f(w.dL + r0 * C + (i * RC + j), j < i ? -x0 : 0.f, j + 1 < i ? -x1 : 0.f, true);
     if (i + 8 < n) st2f(w.dL + r0 * C + ((i + 8) * RC + j), j < i + 8 ? -x2 : 0.f, j + 1 < i + 8 ? -x3 : 0.f, true);

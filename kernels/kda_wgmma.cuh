@@ -117,3 +117,21 @@ static __device__ __forceinline__ void wg_tf_m64n16k8(float (&d)[8], uint64_t da
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "l"(da), "l"(db), "r"(acc));
 }
+/* a 64-row K-major fp32 tile's descriptor at row n0 (a multiple of 8: 128 bytes a row) */
+static __device__ __forceinline__ uint64_t wf_desc(const float *t, int n0) {
+  return wg_desc(t, 16, 1024) + (uint64_t)(n0 * 8);
+}
+/* d (=|+=) A B^T over k in [0, 64), 64 x N (N = 16, 32, 64; A, B descriptors of K-major
+ * tiles, B's at its row n0 by wf_desc), issued and committed: the caller waits (wg_wait) */
+template <int N>
+static __device__ __forceinline__ void wf_issue(float (&d)[N / 2], uint64_t da, uint64_t db, bool acc) {
+  static_assert(N == 16 || N == 32 || N == 64, "wf_issue: N is 16, 32 or 64");
+  wg_fence();
+#pragma unroll
+  for (int k0 = 0; k0 < 64; k0 += 8) {
+    if constexpr (N == 64) wg_tf_m64n64k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
+    else if constexpr (N == 32) wg_tf_m64n32k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
+    else wg_tf_m64n16k8(d, da + WF_KADV(k0), db + WF_KADV(k0), acc || k0 > 0);
+  }
+  wg_commit();
+}
