@@ -124,6 +124,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * block at (8,2048,16,128)) */
     cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
+    /* k_bwd_final_wg: the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free
+     * until the intra-chunk terms: a flat chunk's row-term epilogue reads it there (a steep
+     * chunk's diagonal phase still reads it from global memory and overwrites the tile) */
+    if constexpr (WG) cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);

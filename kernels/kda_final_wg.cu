@@ -41,7 +41,8 @@
  *   S1  T0 = dA, T1 = dL (rows i, columns j, masked), T2 = dA^T, from the staged dA, dL tiles
  *       (which T3, T4 overlap: a barrier before S2)
  *   S2  T3, T4 = X^T (rows d in two halves, columns j)
- *   R1  warpgroup g: (g % 2 ? dL : dA) X^T's half g / 2, m64n64k8 x 8; epilogue dQ, R', dG's q part
+ *   R1  warpgroup g: dA X^T and dL X^T at columns d of 32 g .., m64n32k8 x 8 each; epilogue dQ (from
+ *       dQ0 staged in the dG tile), R', dG's q part
  *   S3  T0 = dL^T (from T1), T3, T4 = (q e^{G - Gm})^T
  *   R2a warpgroup g: columns d of 32 g .., dA^T Yq, m64n32k8 x 8; meanwhile T1 = (b k e^{G - Gm})^T
  *       of d < 64
@@ -135,23 +136,24 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   __syncthreads();
   ph(2);
   {                                                /* R1: the row terms */
-    const int ga = g & 1, d0 = 64 * (g >> 1);      /* A: dA (0) or dL (1); columns d0 .. d0 + 63 */
-    float acc[32], pf[32];
-    wf_issue<64>(acc, wf_desc(ga ? T1 : T0, 0), wf_desc(g >> 1 ? T4 : T3, 0), false);
-    /* the epilogue's operands while the MMAs run: dQ0 (global) or dKb (shared) */
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int i = r0 + 8 * h, d = d0 + 8 * jj + c0;
-        float2 v = make_float2(0.f, 0.f);
-        if (i < n) v = ga ? *(const float2 *)(f.dKbs + i * KS + d) : *(const float2 *)(f.dQg + i * RS + d);
-        pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
-      }
+    /* warpgroup g: columns d of 32 g .. 32 g + 31 of both products (B from row 32 (g % 2) of
+     * the half's tile), so that every warpgroup's epilogue does the same work: a dQ and an R'
+     * block each. The dQ rows' inter-chunk part dQ0 was staged into the dG tile with the
+     * chunk's other operands (bwd_final_tc, WG), where the epilogue's dG = q dQ lands: read
+     * and written by the same thread. This layout is candidate fq50, not yet measured; the one
+     * before it gave warpgroups 0, 2 dA's rows and 1, 3 dL's, 64 columns each, the dA ones
+     * loading dQ0 from global memory during the MMAs: that stage took 10.0k of 49.5k cycles a
+     * block (H100, s50c) */
+    const int d0 = 32 * g;
+    const uint64_t db = wf_desc(g >> 1 ? T4 : T3, 32 * (g & 1));
+    float qa[16], la[16];
+    wf_issue<32>(qa, wf_desc(T0, 0), db, false);
+    wf_issue<32>(la, wf_desc(T1, 0), db, false);
     wg_wait<0>();
-    fw_fence_acc(acc);
+    fw_fence_acc(qa);
+    fw_fence_acc(la);
 #pragma unroll
-    for (int jj = 0; jj < 8; jj++)
+    for (int jj = 0; jj < 4; jj++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const int i = r0 + 8 * h, d = d0 + 8 * jj + c0, o = 4 * jj + 2 * h;
@@ -159,16 +161,21 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         const float2 gi = *(const float2 *)(Gs + i * KS + d), g0 = *(const float2 *)(Gs + d),
                      gl = *(const float2 *)(Gs + (n - 1) * KS + d);
         const float gv[2] = {gi.x, gi.y}, mv[2] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y)};
-        float y[2], eg[2];
+        float up[2], eg[2];
 #pragma unroll
-        for (int u = 0; u < 2; u++) y[u] = acc[o + u] * kexp(gv[u] - mv[u]), eg[u] = kexp(gv[u]);
-        if (!ga) {                                 /* dq: the inter-chunk dQ, s (dO S0^T) e^G */
-          const float dq0 = f.scale * pf[o] * eg[0], dq1 = f.scale * pf[o + 1] * eg[1];
-          const float q0 = qv(i, d), q1 = qv(i, d + 1);
-          *(float2 *)(f.dQg + i * RS + d) = make_float2(dq0 + y[0], dq1 + y[1]);
-          *(float2 *)(f.dGs + i * KS + d) = make_float2(q0 * dq0 + q0 * y[0], q1 * dq1 + q1 * y[1]);
-        } else                                     /* R' = R + dKb e^G (the body's R terms) */
-          *(float2 *)(f.dKbs + i * KS + d) = make_float2(y[0] + pf[o] * eg[0], y[1] + pf[o + 1] * eg[1]);
+        for (int u = 0; u < 2; u++) up[u] = kexp(gv[u] - mv[u]), eg[u] = kexp(gv[u]);
+        /* dq: the inter-chunk dQ, s (dO S0^T) e^G, plus the row term */
+        float2 *dgp = (float2 *)(f.dGs + i * KS + d);
+        const float2 q0v = *dgp;
+        const float dq0 = f.scale * q0v.x * eg[0], dq1 = f.scale * q0v.y * eg[1];
+        const float y0 = qa[o] * up[0], y1 = qa[o + 1] * up[1];
+        const float q0 = qv(i, d), q1 = qv(i, d + 1);
+        *(float2 *)(f.dQg + i * RS + d) = make_float2(dq0 + y0, dq1 + y1);
+        *dgp = make_float2(q0 * dq0 + q0 * y0, q1 * dq1 + q1 * y1);
+        /* R' = R + dKb e^G (the body's R terms) */
+        float2 *rp = (float2 *)(f.dKbs + i * KS + d);
+        const float2 kb2 = *rp;
+        *rp = make_float2(la[o] * up[0] + kb2.x * eg[0], la[o + 1] * up[1] + kb2.y * eg[1]);
       }
   }
   __syncthreads();                                 /* R1's reads of T0, T1, T3, T4 done */
