@@ -434,7 +434,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       for (int u = 0; u < 4; u++) {
         int d = d0 + 32 * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = dKig[gi], dw[u] = dGs[i * KS + d];
+        if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[i * KS + d];
         if (dk_out && d < K) yq[u] = dQg[gi];
       }
 #pragma unroll

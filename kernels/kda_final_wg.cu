@@ -221,6 +221,13 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
     }
   wg_wait<0>();
   fw_fence_acc(acc);
+  /* dKi goes to the room's first rows (pitch 136, the body's X), not to global memory: the R
+   * terms read it there (bwd_final_tc, WG and flat) and write the final dKi themselves where
+   * no l2-norm backward follows. Every warpgroup's reads of the tiles are done first (candidate
+   * fk50, not yet measured; the R terms, which loaded dKi and dQ from global memory, took 6.7k of
+   * 49.5k cycles a block, H100, s50c) */
+  __syncthreads();
+  float *Dk = f.X;
 #pragma unroll
   for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -237,7 +244,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         const float col = acc[o + u] * kexp(mv[u] - gv[u]), dki = pf[o + u] * kexp(lv[u] - gv[u]), kn = kv(j, d + u);
         ki[u] = dki + col, dg[u] = kn * dki + kn * col;
       }
-      *(float2 *)(f.dKig + j * RS + d) = make_float2(ki[0], ki[1]);
+      *(float2 *)(Dk + j * (128 + 8) + d) = make_float2(ki[0], ki[1]);
       float2 *dgp = (float2 *)(f.dGs + j * KS + d);
       const float2 o2 = *dgp;
       *dgp = make_float2(o2.x - dg[0], o2.y - dg[1]);
