@@ -200,6 +200,19 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
    * the half's tile), rows j; dA^T Yq, then dL^T Ybk into the same accumulators */
   float acc[16], pf[16];
   wf_issue<32>(acc, wf_desc(T2, 0), wf_desc(g >> 1 ? T4 : T3, 32 * (g & 1)), false);
+  const int d0 = 32 * g;
+  /* the inter-chunk dKi (global, HBM: the rows kernel wrote it long before) for R2b's epilogue,
+   * loaded here so that R2a and both Ybk stagings cover its latency (candidate fp50, not yet
+   * measured: loaded after R2b's issue, R2b with its epilogue took 5.8k of 49.5k cycles a
+   * block, H100, s50c) */
+#pragma unroll
+  for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int j = r0 + 8 * h, d = d0 + 8 * jj + c0;
+      const float2 v = j < n ? *(const float2 *)(f.dKig + j * RS + d) : make_float2(0.f, 0.f);
+      pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
+    }
   fw_stage_t(T1, T1, 0, 1, n, ybk);               /* Ybk^T of d < 64 into T1 (dL's, read by S3) */
   wg_proxy_fence();
   wg_wait<0>();
@@ -210,15 +223,6 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   __syncthreads();
   ph(5);
   wf_issue<32>(acc, wf_desc(T0, 0), wf_desc(g >> 1 ? T3 : T1, 32 * (g & 1)), true);
-  const int d0 = 32 * g;
-#pragma unroll
-  for (int jj = 0; jj < 4; jj++)                  /* the inter-chunk dKi (global) while the MMAs run */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int j = r0 + 8 * h, d = d0 + 8 * jj + c0;
-      const float2 v = j < n ? *(const float2 *)(f.dKig + j * RS + d) : make_float2(0.f, 0.f);
-      pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
-    }
   wg_wait<0>();
   fw_fence_acc(acc);
   /* dKi goes to the room's first rows (pitch 136, the body's X), not to global memory: the R
