@@ -132,6 +132,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
     bs[r] = r < n ? w.b[ROWI(r)] : 0.f, rq[r] = f.x, rk[r] = f.y;
+    dbi[r] = r < n ? w.db[ROWI(r)] : 0.f;            /* the mat kernel's dbeta part; the R terms add theirs */
   }
   cp_async_wait_all();
   __syncthreads();
@@ -451,7 +452,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
     acc = kc_warp_sum(acc);
-    if (!lane) dbi[i] = acc;
+    if (!lane) dbi[i] += acc;
     if (dk_out) {
       const int gi0 = i * RS;
       float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
@@ -503,10 +504,15 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[gp + K] = dAl;
   PH(8);
-  for (int r = tid; r < n; r += BT) {              /* beta chain (§2.2) */
-    float db = w.db[ROWI(r)] + dbi[r], x = ldb(beta, ROWI(r));
+  /* beta chain (§2.2). No global load left: dbi holds both dbeta parts (the mat kernel's,
+   * staged with b, plus the R terms'), and sigm(x) of the raw beta is b itself (beta_act: b =
+   * sigm(x), or 2 sigm(x) in mode 2, the same fp32 values), so the same bits as reloading x.
+   * Candidate fb50, not yet measured: with both loads here this phase took 1.9k of
+   * k_bwd_final_wg's 49.5k cycles a block (H100, s50c) */
+  for (int r = tid; r < n; r += BT) {
+    float db = dbi[r];
     if (p.beta_mode) {
-      float s = sigm(x);
+      float s = p.beta_mode == 2 ? 0.5f * bs[r] : bs[r];
       db *= (p.beta_mode == 2 ? 2.f : 1.f) * s * (1 - s);
     }
     stb(dbeta, ROWI(r), db);
