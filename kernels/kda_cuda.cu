@@ -400,6 +400,7 @@ static void preload_kernels(int kv) {
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
         ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
+  if (kv && cc_major() >= 9) ld((const void *)k_intra_tc_ps_pick(kv, true)), ld((const void *)k_intra_tc_ps_pick(kv, false));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_chunk_table);
@@ -585,6 +586,19 @@ static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char 
   int off = e && (strcmp(e, "fwd") == 0 || strcmp(e, "bwd") == 0) && !force;
   return !off && (force || n_chunks_max(a) * a->HV >= 4 * nsm);
 }
+/* The persistent k_intra_tc (kda_tc.cu k_intra_tc_ps: a block an SM over the chunk tasks, each
+ * staging the next one's raw rows by bulk copies) where the chunk grid is more than a wave of
+ * one block an SM; KDA_KDA_PERSIST=0 off, =1 wherever it may run, KDA_KDA_PERSIST_GRID=N caps
+ * its grid (read per call: test_kda_cuda compares it, forced on three blocks, with a block a
+ * task, bit for bit). Needs 16-byte aligned q, k, g, v (the bulk copies' rows). */
+static int use_persist(const kda_kda_args *a, const void *q, const void *k, const void *g, const void *v) {
+  const char *e = getenv("KDA_KDA_PERSIST");
+  if (e && strcmp(e, "0") == 0) return 0;
+  int nsm = sm_count();
+  if (!nsm || cc_major() < 9 || chunk_threads(a, "intra", NTC) != NTC) return 0;
+  if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)g | (uintptr_t)v) % 16) return 0;
+  return (e && strcmp(e, "1") == 0) || n_chunks_max(a) * a->HV > nsm;
+}
 static int use_tc(const kda_kda_args *a, int backward, int prec) {
   const char *e = getenv("KDA_KDA_SIMPLE");
   if (e && *e && strcmp(e, "0") != 0) return 0;
@@ -662,7 +676,19 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   if (tc) {
     int vt;
     size_t sm = intra_layout(a, v, &vt);
-    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
+    const int kv = kv_spec(a);
+    if (!prec && vt == 1 && kv && ri->q && use_persist(a, q, k, g, v)) {   /* the persistent form */
+      auto kps = k_intra_tc_ps_pick(kv, p.full && !a->cu_seqlens && a->T % 64 == 0);   /* every chunk full */
+      if (smem_opt_in((const void *)kps, sm, a, op, "k_intra_tc_ps")) return -1;
+      const int tasks = (int)(NTu * a->HV), nsm = sm_count();
+      int grid = nsm < tasks ? nsm : tasks;        /* one block an SM (its shared memory) */
+      const char *cap = getenv("KDA_KDA_PERSIST_GRID");
+      if (cap && atoi(cap) > 0 && atoi(cap) < grid) grid = atoi(cap);
+      kps<<<grid, NTC, sm, st>>>(p, v, w, *ri, tab, (int)NTu, tasks);
+      LAUNCH_OK("k_intra_tc_ps", "kda cuda");
+      return 0;
+    }
+    auto kern = k_intra_tc_pick(prec, vt == 2, kv);
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);

@@ -90,17 +90,27 @@ static __device__ void chunk_cumsum(float *G, int GS, int C, int K16, int n, int
  * instantiation for this K): the same values bit for bit (test_kda_cuda compares the two
  * fronts). K % 4 == 0, K <= 4 LW, 8-byte
  * aligned q, k, g (kda_cuda.cu front); pad rows and columns zero, as the staged tiles'. */
-template <int LW, int RW, class FM>
+/* a persistent k_intra_tc task's raw rows (k_intra_tc_ps), staged in shared memory by the task
+ * before it: q, k, g bf16 [C][K] (rows past n hold another task's bytes: never read), and this
+ * thread's row's raw beta */
+struct raw_rows {
+  const sbf *q, *k, *g;
+  float beta;
+};
+template <int LW, int RW, bool RAW = false, class FM>
 static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,
                                                   float *Gs, float *bs, int KS, int C, int n, int64_t t0,
-                                                  int64_t h, FM mid) {
+                                                  int64_t h, FM mid, raw_rows raw = raw_rows{}) {
   /* RW: a lane group's rows in flight (its 12 RW registers of loads); mid(): the caller's work
    * that needs none of this, run while the first pass's loads fly (and beta's: thread r loads
-   * row r's, C <= 64 <= the block's threads) */
+   * row r's, C <= 64 <= the block's threads). RAW: the rows from shared memory (raw) instead, in one
+   * pass (asserted), a barrier after its reads, since mid() and the writes below overwrite the
+   * raw tiles (k_intra_tc_ps puts them in A, L and k's room) */
   const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
   const int ng = BT / LW, lane = threadIdx.x % LW, grp = threadIdx.x / LW, d = 4 * lane, K16 = r16(K);
   const int rb = threadIdx.x;
-  const float braw = rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
+  static_assert(!RAW || RW * (NTC / LW) >= 64, "RAW: one pass (k_intra_tc_ps: 512 threads, C = 64)");
+  const float braw = RAW ? raw.beta : rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
   const float ea = ri.A_log ? expf(ri.A_log[h]) : 1.f;
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
@@ -109,12 +119,20 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
     for (int u = 0; u < RW; u++) {                 /* every load of the pass in flight together */
       int r = r0 + u * ng + grp;
       xq[u] = xk[u] = xg[u] = z4;
-      if (r < n && d < K) {
+      if (RAW) {
+        if (r < n && d < K) {
+          const int i = r * (int)K + d;
+          xq[u] = ld4b(raw.q, i), xk[u] = ld4b(raw.k, i), xg[u] = ld4b(raw.g, i);
+        }
+      } else if (r < n && d < K) {
         int64_t iq = ((t0 + r) * p.H + hq) * K + d;
         xq[u] = ld4b(ri.q, iq), xk[u] = ld4b(ri.k, iq), xg[u] = ld4b(ri.g, ROWI(r) * K + d);
       }
     }
-    if (r0 == 0) mid();
+    if (r0 == 0) {
+      if (RAW) __syncthreads();                    /* every raw read done: mid() and the tiles may overwrite them */
+      mid();
+    }
 #pragma unroll
     for (int u = 0; u < RW; u++) {
       int r = r0 + u * ng + grp;
@@ -140,10 +158,50 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
+/* PS (k_intra_tc_ps, the compiled fast wide form with the fused front and the v tile): io hands
+ * a block's tasks over to each other. Every task's front reads its raw q, k, g, v from shared
+ * memory, staged by the copy engine (one bulk copy a row, counted on the block's mbarrier): a
+ * task with a next one (io->nn) stages that task's q, k into A's and L's room (dead once Aqk and
+ * M are stored: PH 6) and its g, v into k's room and the v tile (dead once Kb and bV are formed:
+ * PH 7) while its own last products run, and loads its raw beta into a register; a block's
+ * first task (io->staged = 0) stages its own at its start. One front in the loop: with the
+ * global-memory front beside it for the first task, ptxas spilled 88-96 bytes at K = 128. */
+struct ps_io {
+  uint64_t *bar;                                   /* the block's mbarrier: one phase a staged task */
+  unsigned parity;                                 /* the phase the next staged task waits for */
+  int staged, issued;                              /* this task's rows were staged; the next one's were issued */
+  float beta, nbeta;                               /* this thread's row's raw beta: this task's, the next one's */
+  int nn;                                          /* the next task's rows (0: none) */
+  int64_t t0n, hn;                                 /* and its first token, its head */
+};
+/* PS: bulk copies of rows r < nr of two of a task's (first token tq, head hh) raw tensors, q, k
+ * into qg0, kv1 (gv = false) or g, v into qg0 and kv1 at pitch P1 (gv = true), a row a thread:
+ * eight lanes of each of the 16 warps (128 rows; a bulk copy takes its operands from uniform
+ * registers, so a warp's lanes issue theirs one after another: eight in every warp, not 128 in
+ * one). The caller has made the expected bytes known (mbar_expect, before a barrier that orders
+ * it before these) and passed a barrier after each room's last reads and writes. */
+/* the bytes of a task's four raw tensors, nr rows: q, k, g of K, v of V bf16 a row */
+static __device__ __forceinline__ unsigned ps_bytes(const kp &p, int nr) { return (unsigned)(nr * (3 * p.K + p.V) * 2); }
+static __device__ __forceinline__ void ps_stage(const kp &p, const rowin &ri, const void *v, uint64_t *bar, bool gv,
+                                                sbf *qg0, sbf *kv1, int P1, int64_t tq, int64_t hh, int nr) {
+  const int lane = threadIdx.x & 31, s = (threadIdx.x >> 5) * 8 + lane, x = s >> 6, r = s & 63;
+  if (lane >= 8 || x > 1 || r >= nr) return;
+  const int64_t K = p.K, V = p.V, HV = p.HV;
+  fence_proxy_async_smem();
+  if (!gv) {
+    const int64_t iq = ((tq + r) * p.H + hh / (HV / p.H)) * K;
+    bulk_g2s((x ? kv1 : qg0) + r * K, (const sbf *)(x ? ri.k : ri.q) + iq, (unsigned)K * 2, bar);
+  } else {
+    const int64_t rw = (tq + r) * HV + hh;         /* ROWI(r) of that task */
+    if (x) bulk_g2s(kv1 + r * P1, (const sbf *)v + rw * V, (unsigned)V * 2, bar);
+    else bulk_g2s(qg0 + r * K, (const sbf *)ri.g + rw * K, (unsigned)K * 2, bar);
+  }
+}
+template <bool PR, bool CM, int KV, int NF, bool PS = false>   /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int64_t t0,
-                                                int nrows, int64_t h) {
+                                                int nrows, int64_t h, ps_io *io = nullptr) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
+  static_assert(!PS || (!PR && !CM && KV), "PS: the compiled fast wide form");
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int n = NF ? NF : nrows;                   /* chunk_of's rows */
@@ -162,6 +220,14 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   int VB = V16 + 8;
   sbf *vr = CM ? (sbf *)Ls : (sbf *)(bs + C);
   int tid = threadIdx.x;
+  if constexpr (PS)
+    if (!io->staged) {                             /* a block's first task stages its own */
+      if (tid == 0) mbar_expect(io->bar, ps_bytes(p, n));
+      __syncthreads();
+      ps_stage(p, ri, v, io->bar, false, (sbf *)As, (sbf *)Ls, 0, t0, h, n);
+      ps_stage(p, ri, v, io->bar, true, (sbf *)ks, vr, VB, t0, h, n);
+      io->beta = tid < n ? ldb(ri.beta, (t0 + tid) * HV + h) : 0.f;
+    }
   /* the chunk's rows of the [T, HV, X] outputs: row r at r HV X from its first element, in
    * 32-bit offsets (ROWI(r) X + d per element was 64-bit index arithmetic: the lines storing G,
    * W, U, Kb, kg, qg were ~15% of this kernel's instructions, 80-90% of them integer, ncu SASS
@@ -180,7 +246,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       cp_tile_f32(ks, KS, C, K16, n, (int)K, al, [&](int r) { return w.kn + ROWI(r) * K; });
       cp_tile_f32(Gs, KS, C, K16, n, (int)K, al, [&](int r) { return w.G + ROWI(r) * K; });
     }
-    if (!CM && vt)                                 /* CM: v is copied after the inverse */
+    if (!CM && vt && !PS)                          /* CM: v is copied after the inverse; PS: staged */
       for (int e = tid; e < C * (V16 / 8); e += BT) {
         int r = e / (V16 / 8), c = (e % (V16 / 8)) * 8;
         bool ok = r < n && c < V;
@@ -197,6 +263,12 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if (!ri.q) {
     zero();
     for (int r = tid; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  } else if constexpr (PS) {                      /* staged by the task before (PH 6, 7) or above */
+    mbar_wait(io->bar, io->parity);
+    io->parity ^= 1u;
+    const raw_rows rr{(const sbf *)As, (const sbf *)Ls, (const sbf *)ks, io->beta};
+    if (K <= 64) intra_rows<16, 2, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
+    else intra_rows<32, 4, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
   } else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
   else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
   cp_async_wait_all();
@@ -399,8 +471,12 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     if (w.Kb) *(float4 *)(w.M + r0 * C + o) = m;   /* k_bwd_mat_tc's, only a backward's */
     if (!PR) *(float4 *)(Ms + i * CS + j) = make_float4(tf32r(m.x), tf32r(m.y), tf32r(m.z), tf32r(m.w));
   }                                                /* Ms: from here an MMA operand only */
+  if constexpr (PS)                                /* the next task's bytes, before the copies' barrier */
+    if (io->nn && tid == 0) mbar_expect(io->bar, ps_bytes(p, io->nn));
   __syncthreads();                                 /* q, X, Y dead: Vb may overwrite them */
   PH(6);
+  if constexpr (PS)                                /* A, L dead: the next task's raw q, k there */
+    if (io->nn) ps_stage(p, ri, v, io->bar, false, (sbf *)As, (sbf *)Ls, 0, io->t0n, io->hn, io->nn);
   /* PB (the compiled fast wide forms): W's and U's B operands, Kb and bV, in tiles of their own
    * in the dead q / X / Y region (2 C (K16 + 8) <= (2 C + 32) KS floats at K = V), pitch r16 + 8:
    * a B fragment's scalar loads (rows k0 + lane % 4, columns j0 + lane / 4) then fall in 32
@@ -440,7 +516,8 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   else if (PB)                                     /* from the staged v tile (zero past n, V); 4 columns a thread */
     for (int e = tid; e < C * (V16 / 4); e += BT) {
       int r = e / (V16 / 4), c = (e % (V16 / 4)) * 4;
-      uint2 u = *(const uint2 *)(vr + r * VB + c);
+      /* PS: a staged v tile's rows past n hold another task's bytes (b = 0 there, but not x 0 = 0 for a NaN) */
+      uint2 u = !PS || r < n ? *(const uint2 *)(vr + r * VB + c) : make_uint2(0u, 0u);
       float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), z = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
       float b = bs[r];
       *(float4 *)(Vbt + r * PVS + c) = make_float4(tf32r(b * a.x), tf32r(b * a.y), tf32r(b * z.x), tf32r(b * z.y));
@@ -448,6 +525,12 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if (CM) cp_async_wait_all();                     /* the v tile, copied after the inverse */
   __syncthreads();
   PH(7);
+  if constexpr (PS)                                /* k, G and the v tile dead: the next task's g, v there */
+    if (io->nn) {
+      ps_stage(p, ri, v, io->bar, true, (sbf *)ks, vr, VB, io->t0n, io->hn, io->nn);
+      io->nbeta = tid < io->nn ? ldb(ri.beta, (io->t0n + tid) * HV + io->hn) : 0.f;
+      io->issued = 1;
+    }
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here
    * (8-bit M, e^G-scaled Kb) put ~1.6e-3 relative error into every U, W row that the state
    * pass, o and every gradient inherit (version 2's o/dq/dk/dv at 2x version 1's error) */
@@ -498,6 +581,45 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *
   if (full_rows<PR, KV>(p, n))
     intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blockIdx.y);
   else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blockIdx.y);
+}
+/* The persistent k_intra_tc (KDA_KDA_PERSIST, kda_cuda.cu use_persist): a block an SM takes the
+ * tasks (chunk, head) t = blockIdx.x, + gridDim.x, ... in k_intra_tc's launch order, and each
+ * task has the copy engine stage the next one's raw q, k, g, v while its own last products run
+ * (intra_tc's PS), so that the next front reads shared memory instead of waiting on global
+ * memory with the SM's tensor cores idle: the front (PH 0) was 11.7k of the kernel's 38.1k cycles
+ * a block at (8,2048,16,128) with one block an SM. Session 29's persistent form (wip/ps) staged
+ * with cp.async, issued by every thread at PH 7: its front went 11.2k -> 6.4k cycles a task, but
+ * the W product beside the copies 3.8k -> 7.3k, net nothing; here one warp issues a bulk copy a
+ * row (no per-thread copies in the load queue the products' stores use), and q, k a phase
+ * earlier. tab: the last block writes the chunk table first (it takes no more tasks than the
+ * others: t = gridDim.x - 1 + j gridDim.x). NF: one body in the loop, the full chunk's (NF = 64:
+ * the host's guarantee that every chunk is full) or the general one (NF = 0): both bodies in the
+ * loop took ptxas to 128 registers and 88 / 144 bytes of spill at K = 128 (one body alone: 83
+ * registers, none). UNMEASURED (session 51 had no device). */
+template <int KV, int NF>
+__global__ void __launch_bounds__(NTC, 1) k_intra_tc_ps(kp p, const void *v, ws w, rowin ri, int tab, int NTu,
+                                                        int tasks) {
+  __shared__ uint64_t bar;
+  if (tab && blockIdx.x == gridDim.x - 1) chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
+  if (threadIdx.x == 0) mbar_init(&bar, 1), mbar_init_fence();
+  __syncthreads();
+  ps_io io{};
+  io.bar = &bar;
+  for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
+    int64_t t0;
+    int n;
+    chunk_of(p, w, t % NTu, tab, &t0, &n);
+    const int tn = t + (int)gridDim.x;
+    io.nn = 0;
+    if (tn < tasks) chunk_of(p, w, tn % NTu, tab, &io.t0n, &io.nn), io.hn = tn / NTu;
+    io.staged = io.issued, io.beta = io.nbeta, io.issued = 0;
+    if (t != (int)blockIdx.x) __syncthreads();   /* the task before done with every tile */
+    intra_tc<false, false, KV, NF, true>(p, v, w, 1, ri, t0, n, t / NTu, &io);
+  }
+}
+intra_ps_fn k_intra_tc_ps_pick(int kv, bool full) {
+  if (kv == 128) return full ? k_intra_tc_ps<128, 64> : k_intra_tc_ps<128, 0>;
+  return kv == 64 ? (full ? k_intra_tc_ps<64, 64> : k_intra_tc_ps<64, 0>) : nullptr;
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},

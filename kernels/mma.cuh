@@ -39,6 +39,48 @@ template <int N> static __device__ __forceinline__ void cp_async_wait_group() {
 /* every copy this thread issued has landed (committed or not) */
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+/* Hopper's bulk copies (sm_90: the copy engine, TMA, one-dimensional form): one thread names a
+ * contiguous global span (16-byte aligned, a multiple of 16 bytes) and its shared destination,
+ * and the engine moves it and counts its bytes on an mbarrier in shared memory. The threads
+ * that need the data wait on the barrier's phase; unlike cp.async, no thread issues a copy
+ * per 16 bytes, and the copies do not sit in the issuing threads' load queue. Used by the
+ * persistent k_intra_tc (kda_tc.cu) to stage a task's raw rows while the task before it runs. */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+/* after mbar_init, before a __syncthreads: the initialised barrier visible to the copy engine */
+static __device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* shared memory the threads wrote or read (ordered before this by a __syncthreads) may now be
+ * overwritten by bulk copies this thread issues */
+static __device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* one arrival on b, which also raises the bytes its current phase waits for by tx */
+static __device__ __forceinline__ void mbar_expect(uint64_t *b, unsigned tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(tx) : "memory");
+}
+/* bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, counted on b */
+static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_u32(b))
+               : "memory");
+}
+/* until b's phase of this parity (0, 1, 0, ... for its first, second, third phase) completes:
+ * its arrivals made and its bytes landed, and those bytes visible to this thread */
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_u32(b)), "r"(parity)
+                 : "memory");
+}
+#endif
+
 /* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Register i of lane
  * l = matrix i's row l/4, columns 2(l%4), 2(l%4)+1 (low half first): a pair along a stored row. */
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const __nv_bfloat16 *p) {

@@ -14,6 +14,8 @@
  * compiled K = V = 64 / 128 shapes) with the wide state passes forced (KDA_KDA_WIDE=1) and off,
  * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
+ * and (the compiled shapes, compute capability 9.0) the persistent intra kernel forced on three
+ * blocks (KDA_KDA_PERSIST=1, KDA_KDA_PERSIST_GRID=3) and off,
  * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
  * wgmma forward pass, reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1,
  * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all
@@ -443,6 +445,26 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: fused front (k_intra_tc's own rows) = k_rows4 + k_intra_tc, bit for bit\n", name), npass++;
       else printf("FAIL - %s: fused front differs from k_rows4 + k_intra_tc%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+    }
+    /* the persistent k_intra_tc (kda_cuda.cu use_persist: a block over several tasks, each staging
+     * the next one's raw rows by bulk copies; the compiled wide fast form with the fused front, by
+     * default where the chunk grid is more than a wave), forced with its grid capped at 3 blocks
+     * (KDA_KDA_PERSIST=1, KDA_KDA_PERSIST_GRID=3: every block takes several tasks) against one
+     * block a task: a kept forward and its backward, the same bytes. At K = 64 in the wide
+     * layout (KDA_KDA_COMPACT=0 on both sides), where the compact one would run instead */
+    if (!(se && *se && strcmp(se, "0")) && kvc && !pk && maj_ >= 9 && !rc) {
+      std::vector<std::vector<char>> got[2];
+      const char *ce = getenv("KDA_KDA_COMPACT");
+      std::string csave = ce ? ce : "";
+      setenv("KDA_KDA_PERSIST_GRID", "3", 1);
+      if (a.K == 64) setenv("KDA_KDA_COMPACT", "0", 1);
+      for (int ps = 0; ps < 2 && !rc; ps++) rc = kept_run("KDA_KDA_PERSIST", ps ? "1" : "0", 1, got[ps]);
+      unsetenv("KDA_KDA_PERSIST_GRID");
+      if (ce) setenv("KDA_KDA_COMPACT", csave.c_str(), 1);
+      else unsetenv("KDA_KDA_COMPACT");
+      same = !rc && got[0] == got[1];
+      if (same) printf("ok - %s: persistent intra (KDA_KDA_PERSIST=1, 3 blocks) = a block a task, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: persistent intra differs from a block a task%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
