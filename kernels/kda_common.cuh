@@ -374,6 +374,10 @@ state_bwd_db_fn k_state_bwd_tc_db_pick(int kv, int bv = BVT);
  * blocks to start the next ns run the state pass, the rest the intra chunks, which flag each
  * chunk when written */
 typedef void (*fwd_flow_fn)(kp, const void *, ws, int, rowin, const float *, void *, float *, int, int);
+/* k_fwd_flow with persistent intra blocks (kda_tc.cu; kv = 64 or 128, else null): (p, v, w, ri,
+ * h0, o, ht, ns, lead, nroles) */
+typedef void (*fwd_flow_ps_fn)(kp, const void *, ws, rowin, const float *, void *, float *, int, int, int);
+fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv);
 fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
 /* k_state_bwd_tc_db and k_bwd_rows_tc as one grid (kda_tc_bwd.cu): the state blocks flag each
  * chunk's dS, dVn; fb = w.flow + 1 + NTu HV (k_bwd_flow's words); nz: V tiles a head */

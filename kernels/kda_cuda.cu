@@ -400,7 +400,9 @@ static void preload_kernels(int kv) {
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
         ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
-  if (kv && cc_major() >= 9) ld((const void *)k_intra_tc_ps_pick(kv, true)), ld((const void *)k_intra_tc_ps_pick(kv, false));
+  if (kv && cc_major() >= 9)
+    ld((const void *)k_intra_tc_ps_pick(kv, true)), ld((const void *)k_intra_tc_ps_pick(kv, false)),
+        ld((const void *)k_fwd_flow_ps_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_chunk_table);
@@ -587,8 +589,8 @@ static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char 
   return !off && (force || n_chunks_max(a) * a->HV >= 4 * nsm);
 }
 /* The persistent k_intra_tc (kda_tc.cu k_intra_tc_ps: a block an SM over the chunk tasks, each
- * staging the next one's raw rows by bulk copies) where the chunk grid is more than a wave of
- * one block an SM; KDA_KDA_PERSIST=0 off, =1 wherever it may run, KDA_KDA_PERSIST_GRID=N caps
+ * staging the next one's raw rows by bulk copies; and k_fwd_flow_ps, the flow kernel's intra
+ * blocks so) where the chunk grid is more than a wave of one block an SM; KDA_KDA_PERSIST=0 off, =1 wherever it may run, KDA_KDA_PERSIST_GRID=N caps
  * its grid (read per call: test_kda_cuda compares it, forced on three blocks, with a block a
  * task, bit for bit). Needs 16-byte aligned q, k, g, v (the bulk copies' rows). */
 static int use_persist(const kda_kda_args *a, const void *q, const void *k, const void *g, const void *v) {
@@ -777,6 +779,8 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri, 0)) return -1;
       int vt, ns = (int)state_grid(a).x;
       size_t smi = intra_layout(a, v, &vt), smf = smi > smd ? smi : smd;
+      /* the persistent intra blocks (k_fwd_flow_ps), where k_intra_tc_ps would run */
+      const bool fps = vt == 1 && kv && ri.q && use_persist(a, q, k, g, v);
       auto kern = k_fwd_flow_pick(vt == 2, kv);
       if (smem_opt_in((const void *)kern, smf, a, op, "k_fwd_flow")) return -1;
       if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
@@ -790,6 +794,17 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       int lead = (int)(le ? atoll(le) : ni / 4);
       if (lead < 0 || lead > ni) lead = (int)ni;
       unsigned nb = (unsigned)(ns + ni);
+      if (fps) {
+        auto kps = k_fwd_flow_ps_pick(kv);
+        if (smem_opt_in((const void *)kps, smf, a, op, "k_fwd_flow_ps")) return -1;
+        /* KDA_KDA_PERSIST_GRID=N: ns + N blocks (every one resident: the N that draw no state
+         * role run every intra role; one of them is enough for progress) */
+        const char *cap = getenv("KDA_KDA_PERSIST_GRID");
+        unsigned gp = cap && atoi(cap) > 0 && (unsigned)(ns + atoi(cap)) < nb ? (unsigned)(ns + atoi(cap)) : nb;
+        kps<<<gp, NTC, smf, st>>>(p, v, w, ri, h0, o, ht, ns, lead, (int)nb);
+        LAUNCH_OK("k_fwd_flow_ps", "kda_kda_cuda_forward");
+        return 0;
+      }
       kern<<<nb, NTC, smf, st>>>(p, v, w, vt, ri, h0, o, ht, ns, lead);
       LAUNCH_OK("k_fwd_flow", "kda_kda_cuda_forward");
       return 0;

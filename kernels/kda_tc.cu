@@ -803,6 +803,18 @@ __global__ void __launch_bounds__(NTC, 1) k_state_fwd_tc_db(kp p, ws w, const fl
  * Each intra block, once its tiles are written, sets its chunk's flag (flow_signal); the state
  * block's thread 0 waits for it (flow_wait) before the copies of that chunk. The same
  * arithmetic as the two kernels: bit-identical results (test_kda_cuda checks it). */
+/* the flow's intra role r (r < lead, or past the lead + ns state roles): its chunk cb (chunks
+ * in position order across the sequences), head h, first token and rows */
+static __device__ __forceinline__ void flow_task(const kp &p, const ws &w, int r, int lead, int ns, int64_t *cb,
+                                                 int64_t *h, int64_t *t0, int *n) {
+  int64_t x = r < lead ? r : r - ns, HV = p.HV, q = x / HV;
+  *h = x % HV, *cb = q;
+  if (!p.cu) {
+    int64_t nc = (p.T + p.C - 1) / p.C;
+    *cb = (q % p.B) * nc + q / p.B;                /* position q / B of sequence q % B */
+  }
+  chunk_of(p, w, (int)*cb, false, t0, n);
+}
 template <bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, rowin ri,
                                                              const float *h0, void *o, float *ht, int ns, int lead) {
@@ -811,18 +823,54 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
   __syncthreads();
   const int r = role;
   if (r >= lead && r < lead + ns) return state_fwd_db<KV>(p, w, h0, o, ht, r - lead, true);
-  int64_t x = r < lead ? r : r - ns, HV = p.HV, h = x % HV, q = x / HV, cb = q;
-  if (!p.cu) {
-    int64_t nc = (p.T + p.C - 1) / p.C;
-    cb = (q % p.B) * nc + q / p.B;                 /* position q / B of sequence q % B */
-  }
-  int64_t t0;
+  int64_t t0, h, cb;
   int n;
-  chunk_of(p, w, (int)cb, false, &t0, &n);
+  flow_task(p, w, r, lead, ns, &cb, &h, &t0, &n);
   intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, t0, n, h);
   __syncthreads();                                 /* every thread's stores issued */
-  flow_signal(w.flow + 1, (int)cb, h, HV);
+  flow_signal(w.flow + 1, (int)cb, h, p.HV);
 }
+/* k_fwd_flow with its intra blocks persistent (KDA_KDA_PERSIST, kda_cuda.cu use_persist; the
+ * compiled K = V = 128 wide form, v staged, the fused front): an intra block draws its next role
+ * as it starts a task, and when that is an intra role too, the task stages its raw rows by bulk
+ * copies while its last products run (intra_tc's PS, as k_intra_tc_ps); when it is a state role,
+ * the block runs it after the task. At (1,8192,16,128) the forward flow is held by its intra
+ * blocks on the SMs the state blocks leave (the thirty-fifth pass's fo: "at 32 columns the flow
+ * was held by its intra blocks on 68 SMs"), each of which waits for its front's loads with its
+ * tensor cores idle. Roles are drawn in order as before; a block holds at most two, and every
+ * role a state block waits on is an earlier intra role, held by a running block: no deadlock.
+ * The grid is the same (nroles blocks); blocks that draw a role past the last exit. UNMEASURED
+ * (session 51 had no device). */
+template <int KV>
+__global__ void __launch_bounds__(NTC, 1) k_fwd_flow_ps(kp p, const void *v, ws w, rowin ri, const float *h0, void *o,
+                                                        float *ht, int ns, int lead, int nroles) {
+  __shared__ int role;
+  __shared__ uint64_t bar;
+  if (!threadIdx.x) role = atomicAdd(w.flow, 1), mbar_init(&bar, 1), mbar_init_fence();
+  __syncthreads();
+  int r = role;
+  ps_io io{};
+  io.bar = &bar;
+  for (;;) {
+    if (r >= nroles) return;
+    if (r >= lead && r < lead + ns) return state_fwd_db<KV>(p, w, h0, o, ht, r - lead, true);
+    __syncthreads();                               /* every thread has read role (r) */
+    if (!threadIdx.x) role = atomicAdd(w.flow, 1);
+    __syncthreads();                               /* also: the task before done with every tile */
+    const int rn = role;
+    int64_t t0, h, cb, cbn;
+    int n;
+    flow_task(p, w, r, lead, ns, &cb, &h, &t0, &n);
+    io.nn = 0;
+    if (rn < nroles && !(rn >= lead && rn < lead + ns)) flow_task(p, w, rn, lead, ns, &cbn, &io.hn, &io.t0n, &io.nn);
+    io.staged = io.issued, io.beta = io.nbeta, io.issued = 0;
+    intra_tc<false, false, KV, 0, true>(p, v, w, 1, ri, t0, n, h, &io);
+    __syncthreads();                               /* every thread's stores issued */
+    flow_signal(w.flow + 1, (int)cb, h, p.HV);
+    r = rn;
+  }
+}
+fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv) { return kv == 128 ? k_fwd_flow_ps<128> : kv == 64 ? k_fwd_flow_ps<64> : nullptr; }
 fwd_flow_fn k_fwd_flow_pick(bool cm, int kv) {
   static const fwd_flow_fn t[2][3] = {KV_SLOTS(k_fwd_flow, false), KV_SLOTS(k_fwd_flow, true)};
   return t[cm][kv_slot(kv)];

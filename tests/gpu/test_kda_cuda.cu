@@ -459,12 +459,24 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       setenv("KDA_KDA_PERSIST_GRID", "3", 1);
       if (a.K == 64) setenv("KDA_KDA_COMPACT", "0", 1);
       for (int ps = 0; ps < 2 && !rc; ps++) rc = kept_run("KDA_KDA_PERSIST", ps ? "1" : "0", 1, got[ps]);
-      unsetenv("KDA_KDA_PERSIST_GRID");
-      if (ce) setenv("KDA_KDA_COMPACT", csave.c_str(), 1);
-      else unsetenv("KDA_KDA_COMPACT");
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: persistent intra (KDA_KDA_PERSIST=1, 3 blocks) = a block a task, bit for bit\n", name), npass++;
       else printf("FAIL - %s: persistent intra differs from a block a task%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      /* and the flow kernel's persistent intra blocks (k_fwd_flow_ps: KDA_KDA_FLOW=1 with it, ns + 3
+       * blocks), against the same block-a-task run */
+      const char *fe = getenv("KDA_KDA_FLOW");
+      std::string fsave = fe ? fe : "";
+      std::vector<std::vector<char>> gf;
+      setenv("KDA_KDA_FLOW", "1", 1);
+      if (!rc) rc = kept_run("KDA_KDA_PERSIST", "1", 1, gf);
+      if (fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
+      else unsetenv("KDA_KDA_FLOW");
+      same = !rc && got[0] == gf;
+      if (same) printf("ok - %s: flow kernel with persistent intra blocks (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1) = a block a task, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: flow kernel with persistent intra blocks differs%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      unsetenv("KDA_KDA_PERSIST_GRID");
+      if (ce) setenv("KDA_KDA_COMPACT", csave.c_str(), 1);
+      else unsetenv("KDA_KDA_COMPACT");
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
