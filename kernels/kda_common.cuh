@@ -344,10 +344,6 @@ typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
 typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
                             void *, void *, void *, void *, ws);
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
-/* the persistent k_intra_tc (kda_tc.cu; kv = 64 or 128, else null; full: every chunk has 64
- * rows, the host's guarantee): (p, v, w, ri, tab, NTu, tasks) */
-typedef void (*intra_ps_fn)(kp, const void *, ws, rowin, int, int, int);
-intra_ps_fn k_intra_tc_ps_pick(int kv, bool full);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 /* the fast mat kernel at K = V = 128 in three staging rounds, two blocks an SM (kda_mat_halves.cu) */

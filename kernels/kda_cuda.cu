@@ -401,8 +401,7 @@ static void preload_kernels(int kv) {
         ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   if (kv && cc_major() >= 9)
-    ld((const void *)k_intra_tc_ps_pick(kv, true)), ld((const void *)k_intra_tc_ps_pick(kv, false)),
-        ld((const void *)k_fwd_flow_ps_pick(kv));
+    ld((const void *)k_fwd_flow_ps_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_chunk_table);
@@ -588,11 +587,11 @@ static int use_flow(const kda_kda_args *a, const char *chunk_kernel, const char 
   int off = e && (strcmp(e, "fwd") == 0 || strcmp(e, "bwd") == 0) && !force;
   return !off && (force || n_chunks_max(a) * a->HV >= 4 * nsm);
 }
-/* The persistent k_intra_tc (kda_tc.cu k_intra_tc_ps: a block an SM over the chunk tasks, each
- * staging the next one's raw rows by bulk copies; and k_fwd_flow_ps, the flow kernel's intra
- * blocks so) where the chunk grid is more than a wave of one block an SM; KDA_KDA_PERSIST=0 off, =1 wherever it may run, KDA_KDA_PERSIST_GRID=N caps
- * its grid (read per call: test_kda_cuda compares it, forced on three blocks, with a block a
- * task, bit for bit). Needs 16-byte aligned q, k, g, v (the bulk copies' rows). */
+/* The flow kernel's persistent intra blocks (kda_tc.cu k_fwd_flow_ps: each task staging the next
+ * one's raw rows by bulk copies) where the chunk grid is more than a wave of one block an SM;
+ * KDA_KDA_PERSIST=0 off, =1 wherever it may run, KDA_KDA_PERSIST_GRID=N runs ns + N blocks (read
+ * per call: test_kda_cuda compares it, forced, with the flow's block-a-task intra, bit for bit).
+ * Needs 16-byte aligned q, k, g, v (the bulk copies' rows). */
 static int use_persist(const kda_kda_args *a, const void *q, const void *k, const void *g, const void *v) {
   const char *e = getenv("KDA_KDA_PERSIST");
   if (e && strcmp(e, "0") == 0) return 0;
@@ -679,17 +678,6 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     int vt;
     size_t sm = intra_layout(a, v, &vt);
     const int kv = kv_spec(a);
-    if (!prec && vt == 1 && kv && ri->q && use_persist(a, q, k, g, v)) {   /* the persistent form */
-      auto kps = k_intra_tc_ps_pick(kv, p.full && !a->cu_seqlens && a->T % 64 == 0);   /* every chunk full */
-      if (smem_opt_in((const void *)kps, sm, a, op, "k_intra_tc_ps")) return -1;
-      const int tasks = (int)(NTu * a->HV), nsm = sm_count();
-      int grid = nsm < tasks ? nsm : tasks;        /* one block an SM (its shared memory) */
-      const char *cap = getenv("KDA_KDA_PERSIST_GRID");
-      if (cap && atoi(cap) > 0 && atoi(cap) < grid) grid = atoi(cap);
-      kps<<<grid, NTC, sm, st>>>(p, v, w, *ri, tab, (int)NTu, tasks);
-      LAUNCH_OK("k_intra_tc_ps", "kda cuda");
-      return 0;
-    }
     auto kern = k_intra_tc_pick(prec, vt == 2, kv);
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
@@ -779,7 +767,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       if (front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, 0, &ri, 0)) return -1;
       int vt, ns = (int)state_grid(a).x;
       size_t smi = intra_layout(a, v, &vt), smf = smi > smd ? smi : smd;
-      /* the persistent intra blocks (k_fwd_flow_ps), where k_intra_tc_ps would run */
+      /* the persistent intra blocks (k_fwd_flow_ps) */
       const bool fps = vt == 1 && kv && ri.q && use_persist(a, q, k, g, v);
       auto kern = k_fwd_flow_pick(vt == 2, kv);
       if (smem_opt_in((const void *)kern, smf, a, op, "k_fwd_flow")) return -1;

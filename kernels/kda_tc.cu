@@ -90,7 +90,7 @@ static __device__ void chunk_cumsum(float *G, int GS, int C, int K16, int n, int
  * instantiation for this K): the same values bit for bit (test_kda_cuda compares the two
  * fronts). K % 4 == 0, K <= 4 LW, 8-byte
  * aligned q, k, g (kda_cuda.cu front); pad rows and columns zero, as the staged tiles'. */
-/* a persistent k_intra_tc task's raw rows (k_intra_tc_ps), staged in shared memory by the task
+/* a persistent intra task's raw rows (k_fwd_flow_ps), staged in shared memory by the task
  * before it: q, k, g bf16 [C][K] (rows past n hold another task's bytes: never read), and this
  * thread's row's raw beta */
 struct raw_rows {
@@ -105,11 +105,11 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
    * that needs none of this, run while the first pass's loads fly (and beta's: thread r loads
    * row r's, C <= 64 <= the block's threads). RAW: the rows from shared memory (raw) instead, in one
    * pass (asserted), a barrier after its reads, since mid() and the writes below overwrite the
-   * raw tiles (k_intra_tc_ps puts them in A, L and k's room) */
+   * raw tiles (k_fwd_flow_ps puts them in A, L and k's room) */
   const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
   const int ng = BT / LW, lane = threadIdx.x % LW, grp = threadIdx.x / LW, d = 4 * lane, K16 = r16(K);
   const int rb = threadIdx.x;
-  static_assert(!RAW || RW * (NTC / LW) >= 64, "RAW: one pass (k_intra_tc_ps: 512 threads, C = 64)");
+  static_assert(!RAW || RW * (NTC / LW) >= 64, "RAW: one pass (k_fwd_flow_ps: 512 threads, C = 64)");
   const float braw = RAW ? raw.beta : rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
   const float ea = ri.A_log ? expf(ri.A_log[h]) : 1.f;
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -158,7 +158,7 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
-/* PS (k_intra_tc_ps, the compiled fast wide form with the fused front and the v tile): io hands
+/* PS (k_fwd_flow_ps, the compiled fast wide form with the fused front and the v tile): io hands
  * a block's tasks over to each other. Every task's front reads its raw q, k, g, v from shared
  * memory, staged by the copy engine (one bulk copy a row, counted on the block's mbarrier): a
  * task with a next one (io->nn) stages that task's q, k into A's and L's room (dead once Aqk and
@@ -582,46 +582,6 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *
     intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blockIdx.y);
   else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blockIdx.y);
 }
-/* The persistent k_intra_tc (KDA_KDA_PERSIST, kda_cuda.cu use_persist): a block an SM takes the
- * tasks (chunk, head) t = blockIdx.x, + gridDim.x, ... in k_intra_tc's launch order, and each
- * task has the copy engine stage the next one's raw q, k, g, v while its own last products run
- * (intra_tc's PS), so that the next front reads shared memory instead of waiting on global
- * memory with the SM's tensor cores idle: the front (PH 0) was 11.7k of the kernel's 38.1k cycles
- * a block at (8,2048,16,128) with one block an SM. Session 29's persistent form (wip/ps) staged
- * with cp.async, issued by every thread at PH 7: its front went 11.2k -> 6.4k cycles a task, but
- * the W product beside the copies 3.8k -> 7.3k, net nothing; here one warp issues a bulk copy a
- * row (no per-thread copies in the load queue the products' stores use), and q, k a phase
- * earlier. tab: the last block writes the chunk table first (it takes no more tasks than the
- * others: t = gridDim.x - 1 + j gridDim.x). NF: one body in the loop, the full chunk's (NF = 64:
- * the host's guarantee that every chunk is full) or the general one (NF = 0): both bodies in the
- * loop spilled 88 / 144 bytes at K = 128. ptxas (sm_90, nvcc 13.0): 128 registers; spill stores /
- * loads 8 / 8 bytes at K = 128 NF = 64, 32 / 44 at NF = 0, 4 / 4 and none at K = 64 (k_intra_tc
- * at K = 128: 83 registers, none). */
-template <int KV, int NF>
-__global__ void __launch_bounds__(NTC, 1) k_intra_tc_ps(kp p, const void *v, ws w, rowin ri, int tab, int NTu,
-                                                        int tasks) {
-  __shared__ uint64_t bar;
-  if (tab && blockIdx.x == gridDim.x - 1) chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
-  if (threadIdx.x == 0) mbar_init(&bar, 1), mbar_init_fence();
-  __syncthreads();
-  ps_io io{};
-  io.bar = &bar;
-  for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
-    int64_t t0;
-    int n;
-    chunk_of(p, w, t % NTu, tab, &t0, &n);
-    const int tn = t + (int)gridDim.x;
-    io.nn = 0;
-    if (tn < tasks) chunk_of(p, w, tn % NTu, tab, &io.t0n, &io.nn), io.hn = tn / NTu;
-    io.staged = io.issued, io.beta = io.nbeta, io.issued = 0;
-    if (t != (int)blockIdx.x) __syncthreads();   /* the task before done with every tile */
-    intra_tc<false, false, KV, NF, true>(p, v, w, 1, ri, t0, n, t / NTu, &io);
-  }
-}
-intra_ps_fn k_intra_tc_ps_pick(int kv, bool full) {
-  if (kv == 128) return full ? k_intra_tc_ps<128, 64> : k_intra_tc_ps<128, 0>;
-  return kv == 64 ? (full ? k_intra_tc_ps<64, 64> : k_intra_tc_ps<64, 0>) : nullptr;
-}
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
                                          {KV_SLOTS(k_intra_tc, true, false), KV_SLOTS(k_intra_tc, true, true)}};
@@ -832,16 +792,22 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
   flow_signal(w.flow + 1, (int)cb, h, p.HV);
 }
 /* k_fwd_flow with its intra blocks persistent (KDA_KDA_PERSIST, kda_cuda.cu use_persist; the
- * compiled K = V = 128 wide form, v staged, the fused front): an intra block draws its next role
- * as it starts a task, and when that is an intra role too, the task stages its raw rows by bulk
- * copies while its last products run (intra_tc's PS, as k_intra_tc_ps); when it is a state role,
- * the block runs it after the task. At (1,8192,16,128) the forward flow is held by its intra
- * blocks on the SMs the state blocks leave (the thirty-fifth pass's fo: "at 32 columns the flow
- * was held by its intra blocks on 68 SMs"), each of which waits for its front's loads with its
- * tensor cores idle. Roles are drawn in order as before; a block holds at most two, and every
- * role a state block waits on is an earlier intra role, held by a running block: no deadlock.
- * The grid is the same (nroles blocks); blocks that draw a role past the last exit. UNMEASURED
- * (session 51 had no device). */
+ * compiled wide form, v staged, the fused front): an intra block draws its next role as it starts
+ * a task, and when that is an intra role too, the task has the copy engine stage that role's raw
+ * rows while its own last products run (intra_tc's PS); when it is a state role, the block runs
+ * it after the task. At (1,8192,16,128) the forward flow is held by its intra blocks on the SMs
+ * the state blocks leave (the thirty-fifth pass's fo), each of which waited for its front's loads
+ * (PH 0: 11.7k of intra's 38.1k cycles a task) with its tensor cores idle. Roles are drawn in
+ * order as before; a block holds at most two, and every role a state block waits on is an
+ * earlier intra role, held by a running block: no deadlock. The grid is the same (nroles
+ * blocks); blocks that draw a role past the last exit. ptxas: 128 registers, 12 / 12 bytes of
+ * spill at K = 128. H100, one run, two rounds against KDA_KDA_PERSIST=0 (s51a): fwd
+ * (1,8192,16,128) 0.592-0.602 -> 0.579-0.586 ms, fwd+bwd 1.682-1.687 -> 1.675-1.682. The same
+ * staging in a persistent k_intra_tc (a block an SM over its tasks, wip/psb51) lost: its front
+ * 11.7k -> 5.0k cycles a task but its W and U products beside the copies 2.9k + 3.8k -> 4.5k +
+ * 6.3k, fwd (8,2048,16,128) 0.788-0.790 -> 0.823-0.826 ms (as session 29's cp.async form: the
+ * copies slow the products whoever issues them); there the grid's 31 waves of one block an SM
+ * already overlap one block's front with the others' work, here the intra blocks are fewer. */
 template <int KV>
 __global__ void __launch_bounds__(NTC, 1) k_fwd_flow_ps(kp p, const void *v, ws w, rowin ri, const float *h0, void *o,
                                                         float *ht, int ns, int lead, int nroles) {
