@@ -140,8 +140,8 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
      * the half's tile), so that every warpgroup's epilogue does the same work: a dQ and an R'
      * block each. The dQ rows' inter-chunk part dQ0 was staged into the dG tile with the
      * chunk's other operands (bwd_final_tc, WG), where the epilogue's dG = q dQ lands: read
-     * and written by the same thread. This layout is candidate fq50, not yet measured; the one
-     * before it gave warpgroups 0, 2 dA's rows and 1, 3 dL's, 64 columns each, the dA ones
+     * and written by the same thread. This stage 10.0k -> 8.4k cycles a block (H100, s51a, with
+     * fk, fp and fb: 49.7k -> 45.9k in all); the layout before it gave warpgroups 0, 2 dA's rows and 1, 3 dL's, 64 columns each, the dA ones
      * loading dQ0 from global memory during the MMAs: that stage took 10.0k of 49.5k cycles a
      * block (H100, s50c) */
     const int d0 = 32 * g;
@@ -202,9 +202,9 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   wf_issue<32>(acc, wf_desc(T2, 0), wf_desc(g >> 1 ? T4 : T3, 32 * (g & 1)), false);
   const int d0 = 32 * g;
   /* the inter-chunk dKi (global, HBM: the rows kernel wrote it long before) for R2b's epilogue,
-   * loaded here so that R2a and both Ybk stagings cover its latency (candidate fp50, not yet
-   * measured: loaded after R2b's issue, R2b with its epilogue took 5.8k of 49.5k cycles a
-   * block, H100, s50c) */
+   * loaded here so that R2a and both Ybk stagings cover its latency (loaded after R2b's issue,
+   * R2b with its epilogue took 5.8k of 49.5k cycles a block, H100, s50c; with fk, 3.7k, and R2a
+   * 3.4k -> 4.2k, s51a) */
 #pragma unroll
   for (int jj = 0; jj < 4; jj++)
 #pragma unroll
@@ -227,9 +227,8 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   fw_fence_acc(acc);
   /* dKi goes to the room's first rows (pitch 136, the body's X), not to global memory: the R
    * terms read it there (bwd_final_tc, WG and flat) and write the final dKi themselves where
-   * no l2-norm backward follows. Every warpgroup's reads of the tiles are done first (candidate
-   * fk50, not yet measured; the R terms, which loaded dKi and dQ from global memory, took 6.7k of
-   * 49.5k cycles a block, H100, s50c) */
+   * no l2-norm backward follows. Every warpgroup's reads of the tiles are done first (R2b 5.8k
+   * -> 3.7k cycles a block with fp, the R terms 6.8k -> 7.1k, H100, s51a) */
   __syncthreads();
   float *Dk = f.X;
 #pragma unroll
