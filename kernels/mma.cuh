@@ -44,7 +44,8 @@ static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.as
  * and the engine moves it and counts its bytes on an mbarrier in shared memory. The threads
  * that need the data wait on the barrier's phase; unlike cp.async, no thread issues a copy
  * per 16 bytes, and the copies do not sit in the issuing threads' load queue. Used by the
- * flow kernel's persistent intra blocks (kda_tc.cu k_fwd_flow_ps) to stage a task's raw rows while the task before it runs. */
+ * flow kernel's persistent intra blocks (kda_tc.cu k_fwd_flow_ps) to stage a task's raw rows
+ * while the task before it runs. */
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
