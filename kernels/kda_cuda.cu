@@ -677,8 +677,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
   if (tc) {
     int vt;
     size_t sm = intra_layout(a, v, &vt);
-    const int kv = kv_spec(a);
-    auto kern = k_intra_tc_pick(prec, vt == 2, kv);
+    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);

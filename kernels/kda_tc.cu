@@ -174,14 +174,14 @@ struct ps_io {
   int nn;                                          /* the next task's rows (0: none) */
   int64_t t0n, hn;                                 /* and its first token, its head */
 };
+/* the bytes of a task's four raw tensors, nr rows: q, k, g of K, v of V bf16 a row */
+static __device__ __forceinline__ unsigned ps_bytes(const kp &p, int nr) { return (unsigned)(nr * (3 * p.K + p.V) * 2); }
 /* PS: bulk copies of rows r < nr of two of a task's (first token tq, head hh) raw tensors, q, k
  * into qg0, kv1 (gv = false) or g, v into qg0 and kv1 at pitch P1 (gv = true), a row a thread:
  * eight lanes of each of the 16 warps (128 rows; a bulk copy takes its operands from uniform
  * registers, so a warp's lanes issue theirs one after another: eight in every warp, not 128 in
  * one). The caller has made the expected bytes known (mbar_expect, before a barrier that orders
  * it before these) and passed a barrier after each room's last reads and writes. */
-/* the bytes of a task's four raw tensors, nr rows: q, k, g of K, v of V bf16 a row */
-static __device__ __forceinline__ unsigned ps_bytes(const kp &p, int nr) { return (unsigned)(nr * (3 * p.K + p.V) * 2); }
 static __device__ __forceinline__ void ps_stage(const kp &p, const rowin &ri, const void *v, uint64_t *bar, bool gv,
                                                 sbf *qg0, sbf *kv1, int P1, int64_t tq, int64_t hh, int nr) {
   const int lane = threadIdx.x & 31, s = (threadIdx.x >> 5) * 8 + lane, x = s >> 6, r = s & 63;
