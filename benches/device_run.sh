@@ -26,7 +26,8 @@
 #             KDA_MULTI; the precise backward of PRECISE (default all); MEMCHECK="NAME ..." memcheck
 #             on the quick test; RACE="NAME[@ENV]:case|..."
 #             racecheck filters (each under RACE_TIMEOUT s, 90 by default: "K=V=128 T=300"
-#             ran past 90; RACE_KERNEL=NAME checks only kernels whose name holds NAME, the rest
+#             ran past 90; RACE_KERNEL=NAME checks only kernels whose name holds NAME (an entry's
+#             "case#NAME" its own), the rest
 #             run unchecked at full speed); HYBRID entries the hybrid S 64x512 step with their kda
 #             (WITH_KDA=1; HYBRID_ARGS="|hd=128" runs it once a '|'-separated list of extra
 #             gpt_bench options: the default, then the KDA layers at K = V = 128); phases of
@@ -173,10 +174,11 @@ if [ "$MODE" = kda_multi ]; then
     IFS='|' read -r -a races <<< "${RACE:-}"
     [ -n "${RACE_KERNEL:-}" ] && { echo "compute-sanitizer's kernel filter (RACE_KERNEL=$RACE_KERNEL):"
       compute-sanitizer --help 2>&1 | grep -A4 -- "--kernel-name " | head -8; }
-    for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}
+    for r in "${races[@]}"; do n=${r%%:*}; c=${r#*:}; kf=${RACE_KERNEL:-}
+      case $c in *'#'*) kf=${c##*#}; c=${c%#*} ;; esac   # "case#KERNEL": this entry's own filter
       env $(envof "$n") timeout ${RACE_TIMEOUT:-90} compute-sanitizer --tool racecheck --print-limit 5 \
-        ${RACE_KERNEL:+--kernel-name kns=$RACE_KERNEL} "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
-      echo "racecheck $n '$c' rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
+        ${kf:+--kernel-name kns=$kf} "$(bin $n)/test_kda_cuda" quick "$c" > "$OUT/race_case.log" 2>&1
+      echo "racecheck $n '$c'${kf:+ (kernels: $kf)} rc=$? $(grep -cE '^ok' "$OUT/race_case.log") ok | $(grep -E 'RACECHECK SUMMARY' "$OUT/race_case.log" | cut -c1-80)"
       grep -E "^FAIL|hazard" "$OUT/race_case.log" | head -3; done
     for rep in $(seq 1 ${ROUNDS:-2}); do for e in $KDA_MULTI; do
       echo "== $e ($rep)"; env $(envof "$e") timeout 90 "$(bin "$e")/kda_bench" 2>&1 | grep -E "^\(|^# first call"; done; done
