@@ -77,9 +77,8 @@ static __device__ __forceinline__ void fw_stage_t(float *lo, float *hi, int h0, 
     const int i = e & 63, d = 64 * h0 + ((e >> 6) << 2);
     float x[4] = {0.f, 0.f, 0.f, 0.f};
     if (i < n) v(i, d, x);
-    float *T = d < 64 ? lo : hi;
-#pragma unroll
-    for (int u = 0; u < 4; u++) T[wf_off<64>((d & 63) + u, i)] = tf32r(x[u]);
+    const float y[4] = {tf32r(x[0]), tf32r(x[1]), tf32r(x[2]), tf32r(x[3])};
+    wf_put_col4<64>(d < 64 ? lo : hi, d & 63, i, y);
   }
 }
 
@@ -119,8 +118,8 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
     for (int u = 0; u < 4; u++) {
       ya[u] = i < n && c + u <= i ? tf32r(av[u]) : 0.f;
       yl[u] = i < n && c + u < i ? tf32r(bv[u]) : 0.f;
-      T2[wf_off<64>(c + u, i)] = ya[u];
     }
+    wf_put_col4<64>(T2, c, i, ya);
     *(float4 *)(T0 + wf_off<64>(i, c)) = make_float4(ya[0], ya[1], ya[2], ya[3]);
     *(float4 *)(T1 + wf_off<64>(i, c)) = make_float4(yl[0], yl[1], yl[2], yl[3]);
   }
@@ -184,8 +183,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   for (int e = tid; e < 64 * 16; e += NTC) {
     const int i = e & 63, c = (e >> 6) << 2;
     const float4 x = *(const float4 *)(T1 + wf_off<64>(i, c));
-    T0[wf_off<64>(c, i)] = x.x, T0[wf_off<64>(c + 1, i)] = x.y, T0[wf_off<64>(c + 2, i)] = x.z,
-    T0[wf_off<64>(c + 3, i)] = x.w;
+    wf_put_col4<64>(T0, c, i, {x.x, x.y, x.z, x.w});
   }
   fw_stage_t(T3, T4, 0, 2, n, [&](int i, int d, float (&x)[4]) {
     float4 up, dn;

@@ -53,8 +53,7 @@ static __device__ __forceinline__ void mw_round_t(float *S, float *T) {
     const float4 x = *p;
     const float y[4] = {tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w)};
     *p = make_float4(y[0], y[1], y[2], y[3]);
-#pragma unroll
-    for (int u = 0; u < 4; u++) T[wf_off<64>(c + u, i)] = y[u];
+    wf_put_col4<64>(T, c, i, y);
   }
 }
 /* E(row, col, x0, x1, x2, x3) over a 64 x N warpgroup accumulator d (kda_wgmma.cuh's fragment:
