@@ -95,7 +95,10 @@ template <int R> static __device__ __forceinline__ int wf_off(int r, int c) {
  * that the transposing stagings make. There (r0 + u) & 7 = (r0 & 4) ^ u, so the four offsets
  * share one base and one XOR term, and each adds u's row and flips u's bits: the same addresses
  * as wf_off's, with its index arithmetic once per four stores (wf_off's was 6.2% of
- * k_bwd_final_wg's executed instructions, all integer, and the stores' line 3.3%: H100, s52a) */
+ * k_bwd_final_wg's executed instructions, all integer, and the stores' line 3.3%: H100, s52a).
+ * H100, one run against main, two rounds (s52b): k_bwd_final_wg 46.2k -> 45.7k cycles a block
+ * (S1 + S2 4.3k -> 4.2k, S3 2.9k -> 2.7k, R2a 4.2k -> 4.1k), fwd+bwd (8,2048,16,128)
+ * 2.692-2.699 -> 2.684-2.689 ms, the other shapes within the rounds' spread */
 template <int R> static __device__ __forceinline__ void wf_put_col4(float *T, int r0, int c, const float (&x)[4]) {
   float *b = T + (c >> 5) * (R * 32) + r0 * 32 + (c & 3);
   const int s = (((c >> 2) & 7) ^ (r0 & 4)) << 2;
