@@ -787,7 +787,8 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
         /* KDA_KDA_PERSIST_GRID=N: ns + N blocks (every one resident: the N that draw no state
          * role run every intra role; one of them is enough for progress) */
         const char *cap = getenv("KDA_KDA_PERSIST_GRID");
-        unsigned gp = cap && atoi(cap) > 0 && (unsigned)(ns + atoi(cap)) < nb ? (unsigned)(ns + atoi(cap)) : nb;
+        const int nc = cap ? atoi(cap) : 0;
+        unsigned gp = nc > 0 && (unsigned)(ns + nc) < nb ? (unsigned)(ns + nc) : nb;
         kps<<<gp, NTC, smf, st>>>(p, v, w, ri, h0, o, ht, ns, lead, (int)nb);
         LAUNCH_OK("k_fwd_flow_ps", "kda_kda_cuda_forward");
         return 0;

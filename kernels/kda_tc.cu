@@ -197,6 +197,10 @@ static __device__ __forceinline__ void ps_stage(const kp &p, const rowin &ri, co
     else bulk_g2s(qg0 + r * K, (const sbf *)ri.g + rw * K, (unsigned)K * 2, bar);
   }
 }
+/* PS: thread tid's row's raw beta in a task's (first token tq, head hh, nr rows; HV heads) */
+static __device__ __forceinline__ float ps_beta(const rowin &ri, int64_t tq, int64_t hh, int nr, int64_t HV, int tid) {
+  return tid < nr ? ldb(ri.beta, (tq + tid) * HV + hh) : 0.f;
+}
 template <bool PR, bool CM, int KV, int NF, bool PS = false>   /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int64_t t0,
                                                 int nrows, int64_t h, ps_io *io = nullptr) {
@@ -226,7 +230,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
       __syncthreads();
       ps_stage(p, ri, v, io->bar, false, (sbf *)As, (sbf *)Ls, 0, t0, h, n);
       ps_stage(p, ri, v, io->bar, true, (sbf *)ks, vr, VB, t0, h, n);
-      io->beta = tid < n ? ldb(ri.beta, (t0 + tid) * HV + h) : 0.f;
+      io->beta = ps_beta(ri, t0, h, n, HV, tid);
     }
   /* the chunk's rows of the [T, HV, X] outputs: row r at r HV X from its first element, in
    * 32-bit offsets (ROWI(r) X + d per element was 64-bit index arithmetic: the lines storing G,
@@ -528,7 +532,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   if constexpr (PS)                                /* k, G and the v tile dead: the next task's g, v there */
     if (io->nn) {
       ps_stage(p, ri, v, io->bar, true, (sbf *)ks, vr, VB, io->t0n, io->hn, io->nn);
-      io->nbeta = tid < io->nn ? ldb(ri.beta, (io->t0n + tid) * HV + io->hn) : 0.f;
+      io->nbeta = ps_beta(ri, io->t0n, io->hn, io->nn, HV, tid);
       io->issued = 1;
     }
   /* W = M Kb, U = M bV in tf32: all three operands are fp32 in smem already, and bf16 here

@@ -65,6 +65,24 @@ static double urand() {
 }
 static double randn() { return sqrt(-2 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
 static float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+/* an environment variable set for a scope (value null: left as it is) and then put back as it
+ * was, or unset if it was not set: the KDA_KDA_* switches a check forces around kept_run */
+struct env_scope {
+  const char *name;
+  bool set, had;
+  std::string old;
+  env_scope(const char *n, const char *v) : name(n), set(v != nullptr), had(false) {
+    if (!set) return;
+    const char *e = getenv(n);
+    if ((had = e != nullptr)) old = e;
+    setenv(n, v, 1);
+  }
+  ~env_scope() {
+    if (!set) return;
+    if (had) setenv(name, old.c_str(), 1);
+    else unsetenv(name);
+  }
+};
 
 typedef std::vector<float> vf;
 
@@ -426,12 +444,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
      * the same bytes */
     if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && !pk && !rc) {
       std::vector<std::vector<char>> got[2];
-      const char *fe = getenv("KDA_KDA_FLOW");
-      std::string fsave = fe ? fe : "";
-      setenv("KDA_KDA_FLOW", "0", 1);
-      for (int b = 0; b < 2 && !rc; b++) rc = kept_run("KDA_KDA_STATE_BV", b ? "16" : "32", 1, got[b]);
-      if (fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
-      else unsetenv("KDA_KDA_FLOW");
+      {
+        env_scope flow("KDA_KDA_FLOW", "0");
+        for (int b = 0; b < 2 && !rc; b++) rc = kept_run("KDA_KDA_STATE_BV", b ? "16" : "32", 1, got[b]);
+      }
       same = !rc && got[0] == got[1];
       if (same) printf("ok - %s: state passes at 16 V columns a block (KDA_KDA_STATE_BV=16) = 32, bit for bit\n", name), npass++;
       else printf("FAIL - %s: state passes at 16 V columns differ from 32%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
@@ -454,25 +470,16 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
      * forward and its backward, the same bytes. At K = 64 in the wide layout (KDA_KDA_COMPACT=0 on
      * both sides), where the compact one would run instead */
     if (!(se && *se && strcmp(se, "0")) && !(sd && !strcmp(sd, "0")) && kvc && !pk && maj_ >= 9 && !rc) {
-      std::vector<std::vector<char>> got[1];
-      const char *ce = getenv("KDA_KDA_COMPACT");
-      std::string csave = ce ? ce : "";
-      setenv("KDA_KDA_PERSIST_GRID", "3", 1);
-      if (a.K == 64) setenv("KDA_KDA_COMPACT", "0", 1);
-      rc = kept_run("KDA_KDA_PERSIST", "0", 1, got[0]);
-      const char *fe = getenv("KDA_KDA_FLOW");
-      std::string fsave = fe ? fe : "";
-      std::vector<std::vector<char>> gf;
-      setenv("KDA_KDA_FLOW", "1", 1);
-      if (!rc) rc = kept_run("KDA_KDA_PERSIST", "1", 1, gf);
-      if (fe) setenv("KDA_KDA_FLOW", fsave.c_str(), 1);
-      else unsetenv("KDA_KDA_FLOW");
-      same = !rc && got[0] == gf;
+      std::vector<std::vector<char>> got, gf;
+      env_scope grid("KDA_KDA_PERSIST_GRID", "3"), compact("KDA_KDA_COMPACT", a.K == 64 ? "0" : nullptr);
+      rc = kept_run("KDA_KDA_PERSIST", "0", 1, got);
+      if (!rc) {
+        env_scope flow("KDA_KDA_FLOW", "1");
+        rc = kept_run("KDA_KDA_PERSIST", "1", 1, gf);
+      }
+      same = !rc && got == gf;
       if (same) printf("ok - %s: flow kernel with persistent intra blocks (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1) = a block a task, bit for bit\n", name), npass++;
       else printf("FAIL - %s: flow kernel with persistent intra blocks differs%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
-      unsetenv("KDA_KDA_PERSIST_GRID");
-      if (ce) setenv("KDA_KDA_COMPACT", csave.c_str(), 1);
-      else unsetenv("KDA_KDA_COMPACT");
     }
   }
   void *fr[] = {q, k, v, g, beta, dO, A, dt, h0, dht, cu, od, htd, wsd, dqd, dkd, dvd, dgd, dbd, dAd, ddtd, dh0d};
