@@ -1,6 +1,6 @@
 /* kda_tril.cuh — M = (I + L)^-1 for the chunk's strictly lower triangular L, in shared memory:
  * k_intra_tc's inverse (KDA.md §3.2), its diagonal blocks by substitution and its doubling
- * levels on the tensor cores in split tf32 (fp32-level operands). Included by kda_tc.cu only,
+ * levels on the tensor cores in split tf32 (fp32-level operands). Included by kda_intra.cuh only,
  * after kda_tc.cuh (kda_tile.cuh's split_tf32, mma_tf32, BT). */
 #pragma once
 #include "kda_tc.cuh"
