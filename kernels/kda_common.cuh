@@ -94,7 +94,7 @@ struct ws {
 };
 
 /* The raw per-row inputs of the fused front (k_intra_tc doing the row preprocessing of its
- * chunk itself: intra_rows in kda_tc.cu); q == NULL: a row kernel (k_rows4, k_rows) did it
+ * chunk itself: intra_rows in kda_intra.cuh); q == NULL: a row kernel (k_rows4, k_rows) did it
  * for the whole tensor and k_intra_tc stages qn, kn, G, b from the workspace. wr: also store
  * rn, b there (a backward will read them) */
 struct rowin {

@@ -83,7 +83,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
 
 /* ---- chunk table ------------------------------------------------------------------------ */
 
-/* the fused front's chunk table (kda_tc.cu intra_rows: no row kernel runs), one block */
+/* the fused front's chunk table (kda_intra.cuh intra_rows: no row kernel runs), one block */
 __global__ void k_chunk_table(kp p, ws w, int64_t NTu) { chunk_table(p, NTu, w.ctab, w.sfirst, w.flow); }
 
 /* ---- per-row preprocessing: l2 norm, gate, beta (§2.1–2.3) -------------------------------- */
@@ -632,7 +632,7 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute);
  * intra = 0: all but intra (the forward's flow kernel runs intra with *ri).
  * Version 2 at K % 4 == 0, K <= 128, 8-byte aligned q, k, g: the fused front, k_intra_tc
- * doing the row preprocessing of its chunk itself (intra_rows in kda_tc.cu; *ri its inputs),
+ * doing the row preprocessing of its chunk itself (intra_rows in kda_intra.cuh; *ri its inputs),
  * after a one-block kernel for the chunk table (for equal-length sequences, where each
  * chunk's rows are arithmetic, one more column of k_intra_tc's grid instead: tab; the flow
  * forward, which runs intra itself, keeps the kernel); KDA_KDA_ROWS_IN=0 turns it off (read per

@@ -1,9 +1,10 @@
 /* kda_intra.cuh — the body of version 2's intra-chunk kernel: the chunk cumsum, the fused front
- * (the rows' l2 norms, gate and beta from the raw inputs) and intra_tc (G, Aqk, L, M, W, U of
- * one chunk). A header so that two files instantiate it: kda_tc.cu (k_intra_tc in every form,
- * and the forward flow kernels' intra tasks; WG = false) and kda_intra_wg.cu (k_intra_wg, the
- * fast wide K = V = 128 form with W and U on Hopper's tf32 warpgroup MMAs, sm_90a; WG = true:
- * intra_wu_wg there). Each file has its own phase counters (kda_tc.cuh). */
+ * (the rows' l2 norms, gate and beta from the raw inputs), the persistent flow kernel's staging
+ * of a task's raw rows, and intra_tc (G, Aqk, L, M, W, U of one chunk). Included by kda_tc.cu
+ * (k_intra_tc in every form and the forward flow kernels' intra tasks); a header of its own so
+ * that a second kernel file could instantiate the body with other products (session 53's
+ * k_intra_wg, an sm_90a file, did: benches/results/wip/2026-12-06s53-fa.patch). The phase
+ * counters it marks are the including file's (kda_tc.cuh). */
 #pragma once
 #include "kda_tc.cuh"
 #include "kda_tril.cuh"

@@ -1,9 +1,10 @@
 /* kda_tc.cu — version 2 of the CUDA KDA chunked kernels, forward half: tensor-core MMAs
  * (mma.sync) for every GEMM-shaped step of k_intra_tc (the intra-chunk matrices) and of the
  * state passes (k_state_fwd_tc, k_state_bwd_tc: sequential over chunks, forward and backward),
- * with their precise twins from the same templates (so a fix lands in both), the cumsum
- * helper (the triangular inverse is kda_tril.cuh's), the forward's flow kernel (k_intra_tc
- * and k_state_fwd_tc_db as one grid), and the phase timers' report (profiling builds). The chunk-parallel backward
+ * with their precise twins from the same templates (so a fix lands in both; k_intra_tc's body,
+ * with the cumsum and the fused front, is kda_intra.cuh's, the triangular inverse
+ * kda_tril.cuh's), the forward's flow kernel (k_intra_tc and k_state_fwd_tc_db as one grid),
+ * and the phase timers' report (profiling builds). The chunk-parallel backward
  * kernels (and the kept reverse sweep with two tile sets) are in kda_tc_bwd.cu; what both
  * share, with this version's design notes, in kda_tc.cuh; the state passes' tiles, staging and
  * steps in kda_state.cuh. Launched by kernels/kda_cuda.cu (the host side, the shared

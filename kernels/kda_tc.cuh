@@ -178,9 +178,9 @@ static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n,
  *     (x_i e^{G_i - G_r}) (y_j e^{G_r - G_j})^T with r the first row of block I (row terms) or
  *     the last row of block J (column terms), so every exponent is <= 0 for any decay; the
  *     diagonal blocks join that product in k_intra_tc when their decay span allows (DIAG_SPAN
- *     in kda_tc.cu) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
+ *     in kda_intra.cuh) and keep the exact per-pair e^{G_i - G_j} otherwise, and always in
  *     k_bwd_final_tc (scalar, 16x16/2 pairs each); k_intra_tc forms a flat chunk (span <=
- *     CHUNK_SPAN, kda_tc.cu) as one whole-chunk product factored around the span's middle;
+ *     CHUNK_SPAN, kda_intra.cuh) as one whole-chunk product factored around the span's middle;
  *   - fp32 stays where the spec keeps it: G (cumsum), the state S and dS (rounded to bf16
  *     only as an MMA operand), M's forward substitution, all accumulators;
  *   - dA_log / ddt_bias: per-chunk partials + k_gate_reduce (fixed order; no float atomics),
