@@ -345,10 +345,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       std::string nm = std::string(name) + ": kept precise forward";
       verdict(nm.c_str(), {{"o", &o, &o3, 0.005, 0}, {"ht", &ht, &ht3, 0.005, 0}});
     }
-    /* a kept forward and `reps` backwards with env name=val, its outputs into got (name unset
-     * after; the flow and wide comparisons below) */
+    /* a kept forward and `reps` backwards with env name=val, its outputs into got (name put
+     * back as it was after, env_scope; the flow and wide comparisons below) */
     auto kept_run = [&](const char *env, const char *val, int reps, std::vector<std::vector<char>> &got) {
-      setenv(env, val, 1);
+      env_scope sw(env, val);
       CK(cudaMemset(wsd, 0x7f, wsb));
       int r = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, nullptr);
       for (int rep = 0; rep < reps && !r; rep++) {
@@ -361,7 +361,6 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
         got.emplace_back(x.second);
         CK(cudaMemcpy(got.back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
       }
-      unsetenv(env);
       return r;
     };
     /* the outputs kept_run just left (rc its result) against the CPU reference, at the
