@@ -130,6 +130,46 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
   }
 }
 
+/* PB's last step: [W | U] = M [Kb | bV] (C = 64, K = V = 128) as one 64 x 256 product, a warp a
+ * 32 x 32 block of it (W's columns for warps w % 8 < 4, U's for the rest): a k step's two M
+ * fragments (ldmatrix) and four Kb or bV fragments (scalar loads, conflict-free at PB's pitch)
+ * feed eight MMAs, 2 KB of shared-memory fragments where mma_tf's 16 x 16 tiles read 4 KB (each
+ * tile its own A and B fragments a step). The same MMAs on the same operands in the same k
+ * order: W and U bit for bit mma_tf's. wout, uout(i, j, x_j, x_j+1): a row's two adjacent outputs.
+ * H100, one run, three rounds against the two mma_tf products (2026-12-06s54b): fwd
+ * (8,2048,16,128) 0.785-0.787 -> 0.761-0.763 ms, (1,8192,16,128) (the flow kernel's intra tasks)
+ * 0.577-0.579 -> 0.547-0.551; fwd+bwd 2.661-2.673 -> 2.656-2.659 and 1.650-1.661 -> 1.628-1.636;
+ * ncu k_intra_tc 752.7 -> 717.7 us (the phase-timed build, a barrier at every mark, reads the
+ * products at 7.4k cycles a block either way: the gain does not show there). */
+template <class FW, class FU>
+static __device__ __forceinline__ void wu_product(const float *Ms, int CS, const float *Kbt, const float *Vbt, int P,
+                                                  FW wout, FU uout) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wp = threadIdx.x >> 5;
+  const int r0 = 32 * (wp >> 3), cb = wp & 7, c0 = 32 * (cb & 3);
+  const float *B = (cb < 4 ? Kbt : Vbt) + c0 + g;
+  float c[2][4][4] = {};
+#pragma unroll 2
+  for (int k0 = 0; k0 < 64; k0 += 8) {
+    uint32_t a[2][4], b[4][2];
+    ldsm_tf32_a(a[0], Ms, CS, r0, k0, lane);
+    ldsm_tf32_a(a[1], Ms, CS, r0 + 16, k0, lane);
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+      b[ni][0] = __float_as_uint(B[(k0 + t) * P + 8 * ni]), b[ni][1] = __float_as_uint(B[(k0 + t + 4) * P + 8 * ni]);
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+      for (int ni = 0; ni < 4; ni++) mma_tf32(c[mi][ni][0], c[mi][ni][1], c[mi][ni][2], c[mi][ni][3], a[mi], b[ni]);
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++) {
+      const int i = r0 + 16 * mi + g, j = c0 + 8 * ni + 2 * t;
+      if (cb < 4) wout(i, j, c[mi][ni][0], c[mi][ni][1]), wout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
+      else uout(i, j, c[mi][ni][0], c[mi][ni][1]), uout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
+    }
+}
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
  * buffers, for the precise state pass; otherwise tf32 and bf16 tiles as described above. */
@@ -524,6 +564,13 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   auto uout = [&](int i, int c, float x0, float x1) {
     if (i < n && c < V) st2f(w.U + r0 * V + (i * RV + c), x0, x1, c + 1 < V);
   };
+  if constexpr (PB && KV == 128) {                 /* Ms, Kbt, Vbt hold tf32-rounded values */
+    static_assert(NTC == 512, "wu_product: 16 warps");
+    wu_product(Ms, CS, Kbt, Vbt, PKS, wout, uout);
+    PH(8);
+    PH(9);
+    return;
+  }
   if constexpr (PR)
     mma_blk4<PT>(C, K16, C, [&](int i, int j) { return Ms[i * CS + j]; },
                  [&](int j, int d) { return ks[j * KS + d]; }, pairs2(wout));
