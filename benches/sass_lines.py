@@ -7,7 +7,9 @@ written by `benches/device_run.sh sass_map`. The profiled function is the disass
 opcodes match the page's row for row; each row's executed warp instructions and stall samples
 are then summed by source line (file:line of the innermost frame), with the share that is
 integer or address arithmetic (IMAD, IADD3, LEA, SHF, ISETP, LOP3, ...). Prints the N (40) lines
-with the most instructions, and the totals by file. With FILE:L1,L2,...: also the totals by
+with the most instructions, and the totals by file; where the page has the shared-memory
+wavefront columns (SourceCounters), the lines with the most excessive wavefronts (bank
+conflicts; a cp.async whose global and shared addresses differ mod 128 bytes). With FILE:L1,L2,...: also the totals by
 region of FILE (region i from line L(i) up to L(i+1), e.g. a kernel's phase markers; region 0
 before L1), each instruction counted in the region of the last FILE line seen before it in the
 SASS (helpers inlined from other files go to their caller's region)."""
@@ -91,6 +93,21 @@ def main():
         w = f"{where[0]}:{where[1]}" if where else "?"
         print(f"  {w:22s} {n:9.0f} {100 * n / tot_i:5.1f}% {100 * ii / max(n, 1):4.0f}% {100 * s / max(tot_s, 1):5.1f}%")
     print("by file: " + ", ".join(f"{k} {100 * v / tot_i:.1f}%" for k, v in files.most_common(8)))
+    wf, wx = ix.get("L1 Wavefronts Shared"), ix.get("L1 Wavefronts Shared Excessive")
+    if wf is not None and wx is not None:   # shared-memory wavefronts (the L1 data pipe's work) and bank conflicts
+        sh = collections.defaultdict(lambda: [0.0, 0.0])
+        for r, (op, where) in zip(data, f):
+            sh[(where, op)][0] += num(r[wf])
+            sh[(where, op)][1] += num(r[wx])
+        tw, tx = sum(v[0] for v in sh.values()), sum(v[1] for v in sh.values())
+        print(f"shared-memory wavefronts {tw:.0f}, {tx:.0f} of them excessive (bank conflicts, misaligned "
+              f"cp.async): {100 * tx / max(tw, 1):.1f}%")
+        print("  file:line              opcode      wavefronts  excessive")
+        for (where, op), (w, x) in sorted(sh.items(), key=lambda kv: -kv[1][1])[:min(top, 16)]:
+            if x <= 0:
+                break
+            loc = f"{where[0]}:{where[1]}" if where else "?"
+            print(f"  {loc:22s} {op:10s} {w:11.0f} {x:10.0f}")
     if len(sys.argv) > 4:
         fname, cuts = sys.argv[4].split(":")
         cuts = [int(x) for x in cuts.split(",")]
