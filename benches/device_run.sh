@@ -22,7 +22,8 @@
 #   kda_multi several revisions in one call (each packed by benches/kda_baseline.sh REV NAME, or
 #             staged with SHARED=1 and packed together by kda_baseline.sh --shared: kda_packs*.tar.xz):
 #             KDA_MULTI="main new new@KDA_KDA_COMPACT=0 ..." (NAME[@ENV=V,...]); each entry of
-#             TESTS runs its full test; then kda_bench in ROUNDS (2) rounds alternating over
+#             TESTS runs its full test (QUICK=1: the quick one, path 0 without the long case, for a
+#             short call; KDA_BENCH_SHAPE=N likewise limits kda_bench to one shape); then kda_bench in ROUNDS (2) rounds alternating over
 #             KDA_MULTI; the precise backward of PRECISE (default all); MEMCHECK="NAME ..." memcheck
 #             on the quick test; RACE="NAME[@ENV]:case|..."
 #             racecheck filters (each under RACE_TIMEOUT s, 90 by default: "K=V=128 T=300"
@@ -166,7 +167,7 @@ if [ "$MODE" = kda_multi ]; then
   for e in ${KDA_MULTI:?} ${TESTS:-} ${HYBRID:-} ${PRECISE:-} $races; do n=${e%%@*}; echo "$n = $(cat /tmp/kda_$n/bin/REVISION 2>/dev/null || echo missing)"; done |
     sort -u | tee "$OUT/kda_multi.log"
   { i=0; for n in ${TESTS:-}; do i=$((i+1)); echo "== test $n"
-      env $(envof "$n") timeout 150 "$(bin "$n")/test_kda_cuda" > "$OUT/kda_test_$i.log" 2>&1; echo "rc=$?"
+      env $(envof "$n") timeout 150 "$(bin "$n")/test_kda_cuda" ${QUICK:+quick} > "$OUT/kda_test_$i.log" 2>&1; echo "rc=$?"
       grep -E "^FAIL|passed, " "$OUT/kda_test_$i.log" | head -12; done
     for n in ${MEMCHECK:-}; do   # compute-sanitizer memcheck on the quick test
       env $(envof "$n") timeout 150 compute-sanitizer --tool memcheck --print-limit 10 "$(bin "$n")/test_kda_cuda" quick > "$OUT/kda_memcheck.log" 2>&1
