@@ -142,11 +142,12 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
  * ncu k_intra_tc 752.7 -> 717.7 us (the phase-timed build, a barrier at every mark, reads the
  * products at 7.4k cycles a block either way: the gain does not show there). */
 template <class FW, class FU>
-static __device__ __forceinline__ void wu_product(const float *Ms, int CS, const float *Kbt, const float *Vbt, int P,
-                                                  FW wout, FU uout) {
+static __device__ __forceinline__ void wu_product(const float *Ms, int CS, const float *Kbt, int PK, const float *Vbt,
+                                                  int PV, FW wout, FU uout) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wp = threadIdx.x >> 5;
   const int r0 = 32 * (wp >> 3), cb = wp & 7, c0 = 32 * (cb & 3);
   const float *B = (cb < 4 ? Kbt : Vbt) + c0 + g;
+  const int P = cb < 4 ? PK : PV;
   float c[2][4][4] = {};
 #pragma unroll 2
   for (int k0 = 0; k0 < 64; k0 += 8) {
@@ -566,7 +567,7 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   };
   if constexpr (PB && KV == 128) {                 /* Ms, Kbt, Vbt hold tf32-rounded values */
     static_assert(NTC == 512, "wu_product: 16 warps");
-    wu_product(Ms, CS, Kbt, Vbt, PKS, wout, uout);
+    wu_product(Ms, CS, Kbt, PKS, Vbt, PVS, wout, uout);
     PH(8);
     PH(9);
     return;
