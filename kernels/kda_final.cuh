@@ -50,6 +50,29 @@ struct final_flat {
   float scale;
   int n, RS;
 };
+/* k_bwd_final_wg's G, dG and dKb tiles (SW): rows of 128 floats, the 16-byte chunk c of row r at
+ * chunk c ^ s(r), s = (0, 2, 4, 6, 1, 3, 5, 7)[r mod 8]; the other forms' at pitch KS (r16(K) + 4).
+ * At pitch KS the wgmma epilogues' float2 accesses (a half-warp: rows g .. g + 3, columns d0 ..
+ * d0 + 7) were 2-way bank conflicts (rows 16 bytes apart mod 128): 8.4M of the kernel's 89.4M
+ * shared wavefronts a launch (ncu s52a); a pitch of r16(K) + 8 clears them but puts the
+ * stagings' float4 column walks (a quarter-warp: rows r .. r + 7, one chunk) at 2-way, and does
+ * not fit. Under this swizzle (searched over XOR swizzles, benches/results/wip/2026-12-06s54.txt)
+ * both patterns hit 32 distinct banks; a row's chunks stay in their 128-byte groups, so
+ * row-contiguous accesses stay whole and a staged row's 128-byte lines land whole (at KS they
+ * straddled two: the cp.async's excessive wavefronts), and the three tiles lose their pad.
+ * H100, 2 runs of 3 rounds against the padded tiles (s55a, s55b): k_bwd_final_wg 45.6k -> 44.5k
+ * cycles a block (staging 9.2k -> 8.2k, epilogues 8.4k -> 7.1k and 3.7k -> 3.0k; the gate chain
+ * 3.9k -> 5.3k, not its swizzle arithmetic: that formed at compile time was no faster), fwd+bwd
+ * (8,2048,16,128) 2.659-2.677 -> 2.649-2.669 ms, paired -0.1% to -0.7%; (1,8192,16,128)
+ * 1.634-1.655 -> 1.621-1.655, 0 to -1.0%; the other shapes do not run it.
+ * The swizzle in floats: d ^ fsw_mask(r) = ((d >> 2) ^ s(r)) << 2 | (d & 3); it depends on r mod 8
+ * only, so where a thread's rows share their residue (the staging, the R terms, the wgmma
+ * epilogues) the mask is formed once. */
+static __device__ __forceinline__ int fsw_mask(int r) { return ((r << 3) & 24) | (r & 4); }
+template <bool SW> static __device__ __forceinline__ int fsw_at(int r, int d, int KS) {
+  if constexpr (SW) return (r << 7) + (d ^ fsw_mask(r));
+  else return r * KS + d;
+}
 /* ph(s): the body's phase mark s (PH) */
 template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph);
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the row count
@@ -75,10 +98,21 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * products 9.6k -> 9.0k and 7.5k -> 6.9k cycles a block, fwd+bwd 4.26-4.28 -> 4.23-4.24 ms */
   const int XS = CM ? KS : K16 + 8, QB = K16 + 8;   /* QB: the bf16 q, k rows' pitch (conflict-free pairs) */
   constexpr bool KBS = !CM;                         /* dKb (R') in shared memory */
-  float *Gs = sm, *X = Gs + C * KS, *dAs = X + (C + 32) * XS, *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS),
-        *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32, *rq = dGs + C * KS, *rk = rq + C;
+  static_assert(!WG || KV == 128, "WG: K = 128 (the swizzled G, dG, dKb rows)");
+  const int TP = WG ? 128 : KS;                     /* G, dG, dKb: a row's floats */
+  auto T = [KS](int r, int d) { return fsw_at<WG>(r, d, KS); };
+  /* WG's staging of G, dG or dKb: rows r < rows from rowp(r) (128 floats), the rest zero */
+  auto cp_tile_sw = [&](float *dst, int rows, auto rowp) {   /* a warp a row, rows 16 apart: one mask */
+    const int c = (tid & 31) << 2, co = c ^ fsw_mask(tid >> 5);
+    for (int r = tid >> 5; r < C; r += NTC / 32) {
+      const bool ok = r < rows;
+      cp_async16(dst + (r << 7) + co, ok ? rowp(r) + c : rowp(0), ok);
+    }
+  };
+  float *Gs = sm, *X = Gs + C * TP, *dAs = X + (C + 32) * XS, *dLs = dAs + C * CS, *bs = dLs + (CM ? 0 : C * CS),
+        *dbi = bs + C, *dGn = dbi + C, *dGs = dGn + K16 + 32, *rq = dGs + C * TP, *rk = rq + C;
   sbf *qb = (sbf *)(rk + C), *kb = qb + C * QB;
-  float *dKbs = (float *)(kb + C * QB), *At = dKbs + (KBS ? C * KS : 0);
+  float *dKbs = (float *)(kb + C * QB), *At = dKbs + (KBS ? C * TP : 0);
   /* the l2-normalised q, k (the fp32 rows k_intra_tc formed, bit for bit) */
   auto qv = [&](int i, int d) { return __bfloat162float(qb[i * QB + d]) * rq[i]; };
   auto kv = [&](int i, int d) { return __bfloat162float(kb[i * QB + d]) * rk[i]; };
@@ -105,9 +139,14 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     const int64_t hq = h / (HV / p.H);
     cp_tile_bf16(qb, QB, C, K16, n, K, q, t0, p.H, hq);
     cp_tile_bf16(kb, QB, C, K16, n, K, k, t0, p.H, hq);
-    if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
     /* pad rows repeat the last G: exponents <= 0 */
-    cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
+    if constexpr (WG) {
+      cp_tile_sw(dKbs, n, [&](int r) { return dKbg + r * RS; });
+      cp_tile_sw(Gs, C, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
+    } else {
+      if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
+      cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
+    }
     if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
       for (int e = tid; e < C * C; e += BT) {
         int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
@@ -127,7 +166,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     /* k_bwd_final_wg: the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free
      * until the intra-chunk terms: a flat chunk's row-term epilogue reads it there (a steep
      * chunk's diagonal phase still reads it from global memory and overwrites the tile) */
-    if constexpr (WG) cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
+    if constexpr (WG) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
@@ -146,10 +185,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     int ng = (n + 15) / 16;
     for (int e = tid; e < ng * (int)K; e += BT) {
       int r0 = (e / (int)K) * 16, d = e % (int)K;
-      float x[16], acc = 0, gl = Gs[(n - 1) * KS + d];
+      float x[16], acc = 0, gl = Gs[T(n - 1, d)];
 #pragma unroll
       for (int u = 0; u < 16; u++) {               /* zero past n (G's pad rows repeat the last) */
-        x[u] = Xd[(r0 + u) * XS + d] * kexp(gl - Gs[(r0 + u) * KS + d]);
+        x[u] = Xd[(r0 + u) * XS + d] * kexp(gl - Gs[T(r0 + u, d)]);
         Xd[(r0 + u) * XS + d] = x[u];
       }
 #pragma unroll
@@ -159,7 +198,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
     __syncthreads();
     for (int d = tid; d < K; d += BT) {
-      float acc = kexp(Gs[(n - 1) * KS + d]) * dGn[d];   /* dGn holds dgn, staged */
+      float acc = kexp(Gs[T(n - 1, d)]) * dGn[d];   /* dGn holds dgn, staged */
       for (int gq = 0; gq < ng; gq++) acc += X[gq * XS + d];
       dGn[d] = acc;
     }
@@ -170,7 +209,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * its stages; a steep one the per-block form, in the same launch */
   bool flat = false;
   if constexpr (WG) {
-    flat = chunk_flat(Gs, KS, n, (int)K);
+    flat = chunk_flat_at(Gs, T, n, (int)K);
     if (flat)
       final_flat_wg<NF>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dQg, dKig, p.scale, n, RS},
                         [&](int s) { PH(s); });
@@ -189,7 +228,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       float gr[16], kr[16], dqi[16], R[16], col[16], ex[16];
 #pragma unroll
       for (int i = 0; i < 16; i++)
-        gr[i] = Gs[(I0 + i) * KS + d], kr[i] = kv(I0 + i, d), dqi[i] = R[i] = col[i] = 0.f;
+        gr[i] = Gs[T(I0 + i, d)], kr[i] = kv(I0 + i, d), dqi[i] = R[i] = col[i] = 0.f;
 #pragma unroll
       for (int i = 0; i < 16; i++) {
         if (I0 + i >= n) break;                       /* rows past the chunk: nothing to add */
@@ -234,17 +273,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int i = i0 + u;
           if (I0 + i >= n) break;
           int gi = (I0 + i) * RS + d;
-          float qn = qv(I0 + i, d), kn = kv(I0 + i, d), eg = kexp(Gs[(I0 + i) * KS + d]),
+          float qn = qv(I0 + i, d), kn = kv(I0 + i, d), eg = kexp(Gs[T(I0 + i, d)]),
                 dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
           float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
           dQg[gi] = dq + dqi[i];
           if constexpr (KBS) {                        /* R' = R + dKb e^G: see the R terms */
-            float *r = dKbs + (I0 + i) * KS + d;
+            float *r = dKbs + T(I0 + i, d);
             *r = R[i] + *r * eg;
           } else
             dKbg[gi] = R[i] + dkb[u] * eg;
           dKig[gi] = dki + col[i];
-          dGs[(I0 + i) * KS + d] = (qn * dq - kn * dki) + (qn * dqi[i] - kn * col[i]);
+          dGs[T(I0 + i, d)] = (qn * dq - kn * dki) + (qn * dqi[i] - kn * col[i]);
         }
       }
     }
@@ -280,8 +319,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       float *XI = X + xo(I) * XS;
       for (int e = tid; e < r * (K16 / 4); e += BT) {   /* four columns at a time (float4) */
         int j = e / (K16 / 4), d = (e % (K16 / 4)) * 4;
-        float4 kj = v4(kb, rk, j, d), gr = *(const float4 *)(Gs + r * KS + d),
-               gj = *(const float4 *)(Gs + j * KS + d);
+        float4 kj = v4(kb, rk, j, d), gr = *(const float4 *)(Gs + T(r, d)),
+               gj = *(const float4 *)(Gs + T(j, d));
         *(float4 *)(XI + j * XS + d) = rnd4(make_float4(kj.x * kexp(gr.x - gj.x), kj.y * kexp(gr.y - gj.y),
                                                         kj.z * kexp(gr.z - gj.z), kj.w * kexp(gr.w - gj.w)));
       }
@@ -305,8 +344,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
             bool n1 = e.ok[u + 1];
-            int si = e.r[u] * KS + d0;
-            float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + r * KS + d0, n1);
+            int si = T(e.r[u], d0);                  /* (d0 even: si + 1 is its pair) */
+            float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + T(r, d0), n1);
             float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
             float *dst = ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + si : dKbg + e.r[u] * RS + d0;
             st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
@@ -323,7 +362,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
             const float *src =
-                ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + e.r[u] * KS + d0 : dKbg + e.r[u] * RS + d0;
+                ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + T(e.r[u], d0) : dKbg + e.r[u] * RS + d0;
             float2 v = ld2f(src, e.ok[u + 1]);
             pf.a[u] = v.x, pf.a[u + 1] = v.y;
           }
@@ -352,7 +391,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int ii = e / (K16 / 4), d = (e % (K16 / 4)) * 4, i = rp + 1 + ii;
           float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
           if (ii < mrow) {
-            float4 gi = *(const float4 *)(Gs + i * KS + d), gr = *(const float4 *)(Gs + rp * KS + d),
+            float4 gi = *(const float4 *)(Gs + T(i, d)), gr = *(const float4 *)(Gs + T(rp, d)),
                    qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
             float b = bs[i];
             float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
@@ -384,8 +423,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           for (int u = 0; u < 4; u += 2)              /* a row's two columns in one global store */
             if (e.ok[u]) {
               bool n1 = e.ok[u + 1];
-              int sj = e.r[u] * KS + d0;
-              float2 gr = ld2f(Gs + rp * KS + d0, n1), gj = ld2f(Gs + sj, n1);
+              int sj = T(e.r[u], d0);
+              float2 gr = ld2f(Gs + T(rp, d0), n1), gj = ld2f(Gs + sj, n1);
               float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
               st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
               dGs[sj] -= kv(e.r[u], d0) * y0;
@@ -427,6 +466,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * gives dx = r dy - r^3 (dy . x) x, x the raw row, r its factor) runs here and dq, dk go out
    * in bf16; dQ, dKi in fp32 went to k_qk_bwd, which read them back with the raw q, k. The sums
    * run in another order than k_qk_bwd's (lanes strided by 32, not 4 adjacent columns). */
+  /* WG: the rows wp + 16 k share their swizzle mask (fsw_mask): a lane's columns lane + 32 u sit
+   * at row offset sx + 32 u */
+  const int sx = WG ? lane ^ fsw_mask(wp) : 0;
+  auto TR = [&](int i, int d) { return WG ? (i << 7) + sx + (d - lane) : T(i, d); };
   for (int i = wp; i < n; i += BT / 32) {
     float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
     for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
@@ -435,7 +478,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       for (int u = 0; u < 4; u++) {
         int d = d0 + 32 * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = KBS ? dKbs[i * KS + d] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[i * KS + d];
+        if (d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
         if (dk_out && d < K) yq[u] = dQg[gi];
       }
 #pragma unroll
@@ -447,7 +490,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         y[u] = dk[u] + b * R[u];
         if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
         else dKig[gi] = y[u];
-        dGs[i * KS + d] = dw[u] + kn * b * R[u];
+        dGs[TR(i, d)] = dw[u] + kn * b * R[u];
         acc += kn * R[u];
       }
     }
@@ -476,7 +519,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
   const int64_t gp = ((int64_t)cb * HV + h) * (K + 1);
   const int ns = BT / (int)K < 8 ? BT / (int)K : 8, L = (n + ns - 1) / ns, d = tid % (int)K, s = tid / (int)K;
-  auto dg_at = [&](int r) { return dGs[r * KS + d]; };
+  auto dg_at = [&](int r) { return dGs[T(r, d)]; };
   if (ns >= 2) {
     float *segT = X, *segD = X + ns * K16;            /* [ns][K16] totals, ddt_bias partials */
     const int lo = s * L, hi = (s + 1) * L < n ? (s + 1) * L - 1 : n - 1;
@@ -499,7 +542,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
   } else
     for (int c = tid; c < K; c += BT)
-      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[r * KS + c]; }, g, dt_bias, A_log != NULL, dg, t0,
+      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g, dt_bias, A_log != NULL, dg, t0,
                                        h, 0, n - 1, c, dGn[c], ea, &dAl);
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[gp + K] = dAl;

@@ -83,7 +83,8 @@ static __device__ __forceinline__ void fw_stage_t(float *lo, float *hi, int h0, 
 }
 
 template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph) {
-  constexpr int KS = 128 + 4, CS = 64 + 4, QB = 128 + 8;   /* bwd_final_tc's pitches at K = 128, C = 64 */
+  constexpr int CS = 64 + 4, QB = 128 + 8;         /* bwd_final_tc's pitches at K = 128, C = 64 */
+  auto T = [](int r, int d) { return fsw_at<true>(r, d, 0); };   /* G, dG, dKb: the body's swizzled rows */
   const int n = NF ? NF : f.n, tid = threadIdx.x, g = tid >> 7, RS = f.RS;
   const float *Gs = f.Gs;
   float *T0 = f.X + ((1024 - (smem_u32(f.X) & 1023)) & 1023) / 4, *T1 = T0 + FW_T, *T2 = T1 + FW_T, *T3 = T2 + FW_T,
@@ -99,13 +100,16 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   /* Ybk^T's entries b_i k_i e^{G_i - Gm} (the per-block path's b k times the factor) */
   auto ybk = [&](int i, int d, float (&x)[4]) {
     float4 up, dn;
-    flat_exps(Gs, KS, n, i, d, up, dn);
+    flat_exps_at(Gs, T, n, i, d, up, dn);
     const float4 k = v4(f.kb, f.rk, i, d);
     const float b = f.bs[i];
     x[0] = b * k.x * up.x, x[1] = b * k.y * up.y, x[2] = b * k.z * up.z, x[3] = b * k.w * up.w;
   };
   /* the accumulator fragment's rows r0, r0 + 8 and column pairs from c0 (kda_wgmma.cuh) */
   const int wq = (tid >> 5) & 3, l = tid & 31, r0 = 16 * wq + (l >> 2), c0 = 2 * (l & 3);
+  /* the fragment's rows r0, r0 + 8 share their swizzle mask (fsw_mask): TE(i, d) is T's for them */
+  const int m0 = fsw_mask(r0);
+  auto TE = [m0](int i, int d) { return (i << 7) + (d ^ m0); };
 
   /* S1: dA (j <= i), dL (j < i) and dA^T from the staged fp32 tiles, rows past n zero. A thread
    * a 16-byte chunk of row i (as kda_mat_wg.cu's mw_round_t) */
@@ -127,7 +131,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   /* S2: X^T, X_j = k_j e^{Gm - G_j} */
   fw_stage_t(T3, T4, 0, 2, n, [&](int j, int d, float (&x)[4]) {
     float4 up, dn;
-    flat_exps(Gs, KS, n, j, d, up, dn);
+    flat_exps_at(Gs, T, n, j, d, up, dn);
     const float4 k = v4(f.kb, f.rk, j, d);
     x[0] = k.x * dn.x, x[1] = k.y * dn.y, x[2] = k.z * dn.z, x[3] = k.w * dn.w;
   });
@@ -157,14 +161,14 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
       for (int h = 0; h < 2; h++) {
         const int i = r0 + 8 * h, d = d0 + 8 * jj + c0, o = 4 * jj + 2 * h;
         if (i >= n) continue;
-        const float2 gi = *(const float2 *)(Gs + i * KS + d), g0 = *(const float2 *)(Gs + d),
-                     gl = *(const float2 *)(Gs + (n - 1) * KS + d);
+        const float2 gi = *(const float2 *)(Gs + TE(i, d)), g0 = *(const float2 *)(Gs + T(0, d)),
+                     gl = *(const float2 *)(Gs + T(n - 1, d));
         const float gv[2] = {gi.x, gi.y}, mv[2] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y)};
         float up[2], eg[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) up[u] = kexp(gv[u] - mv[u]), eg[u] = kexp(gv[u]);
         /* dq: the inter-chunk dQ, s (dO S0^T) e^G, plus the row term */
-        float2 *dgp = (float2 *)(f.dGs + i * KS + d);
+        float2 *dgp = (float2 *)(f.dGs + TE(i, d));
         const float2 q0v = *dgp;
         const float dq0 = f.scale * q0v.x * eg[0], dq1 = f.scale * q0v.y * eg[1];
         const float y0 = qa[o] * up[0], y1 = qa[o + 1] * up[1];
@@ -172,7 +176,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         *(float2 *)(f.dQg + i * RS + d) = make_float2(dq0 + y0, dq1 + y1);
         *dgp = make_float2(q0 * dq0 + q0 * y0, q1 * dq1 + q1 * y1);
         /* R' = R + dKb e^G (the body's R terms) */
-        float2 *rp = (float2 *)(f.dKbs + i * KS + d);
+        float2 *rp = (float2 *)(f.dKbs + TE(i, d));
         const float2 kb2 = *rp;
         *rp = make_float2(la[o] * up[0] + kb2.x * eg[0], la[o + 1] * up[1] + kb2.y * eg[1]);
       }
@@ -187,7 +191,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
   }
   fw_stage_t(T3, T4, 0, 2, n, [&](int i, int d, float (&x)[4]) {
     float4 up, dn;
-    flat_exps(Gs, KS, n, i, d, up, dn);
+    flat_exps_at(Gs, T, n, i, d, up, dn);
     const float4 q = v4(f.qb, f.rq, i, d);
     x[0] = q.x * up.x, x[1] = q.y * up.y, x[2] = q.z * up.z, x[3] = q.w * up.w;
   });
@@ -235,8 +239,8 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
     for (int h = 0; h < 2; h++) {
       const int j = r0 + 8 * h, d = d0 + 8 * jj + c0, o = 4 * jj + 2 * h;
       if (j >= n) continue;
-      const float2 gj = *(const float2 *)(Gs + j * KS + d), g0 = *(const float2 *)(Gs + d),
-                   gl = *(const float2 *)(Gs + (n - 1) * KS + d);
+      const float2 gj = *(const float2 *)(Gs + TE(j, d)), g0 = *(const float2 *)(Gs + T(0, d)),
+                   gl = *(const float2 *)(Gs + T(n - 1, d));
       const float gv[2] = {gj.x, gj.y}, lv[2] = {gl.x, gl.y}, mv[2] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y)};
       float ki[2], dg[2];
 #pragma unroll
@@ -246,7 +250,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         ki[u] = dki + col, dg[u] = kn * dki + kn * col;
       }
       *(float2 *)(Dk + j * (128 + 8) + d) = make_float2(ki[0], ki[1]);
-      float2 *dgp = (float2 *)(f.dGs + j * KS + d);
+      float2 *dgp = (float2 *)(f.dGs + TE(j, d));
       const float2 o2 = *dgp;
       *dgp = make_float2(o2.x - dg[0], o2.y - dg[1]);
     }

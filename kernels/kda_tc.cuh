@@ -143,19 +143,27 @@ constexpr float DIAG_SPAN = 64.f;
 constexpr float CHUNK_SPAN = 2 * DIAG_SPAN;
 /* e^{G_r - Gm} (up) and e^{Gm - G_r} (dn) for four columns from d of a flat chunk's row r (G
  * [C][GS], rows 0 .. n - 1 the chunk's) */
-static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up,
-                                                 float4 &dn) {
-  float4 g = *(const float4 *)(G + r * GS + d), g0 = *(const float4 *)(G + d),
-         gl = *(const float4 *)(G + (n - 1) * GS + d);
+template <class IX>   /* at(r, d): the tile's index of row r, column d (k_bwd_final_wg's is swizzled) */
+static __device__ __forceinline__ void flat_exps_at(const float *G, IX at, int n, int r, int d, float4 &up,
+                                                    float4 &dn) {
+  float4 g = *(const float4 *)(G + at(r, d)), g0 = *(const float4 *)(G + at(0, d)),
+         gl = *(const float4 *)(G + at(n - 1, d));
   float m[4] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y), 0.5f * (g0.z + gl.z), 0.5f * (g0.w + gl.w)};
   up = make_float4(kexp(g.x - m[0]), kexp(g.y - m[1]), kexp(g.z - m[2]), kexp(g.w - m[3]));
   dn = make_float4(kexp(m[0] - g.x), kexp(m[1] - g.y), kexp(m[2] - g.z), kexp(m[3] - g.w));
 }
-/* whether the chunk is flat (a barrier: every thread of the block calls it) */
-static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
+static __device__ __forceinline__ void flat_exps(const float *G, int GS, int n, int r, int d, float4 &up,
+                                                 float4 &dn) {
+  flat_exps_at(G, [GS](int i, int c) { return i * GS + c; }, n, r, d, up, dn);
+}
+/* whether the chunk is flat (a barrier: every thread of the block calls it); at: as flat_exps_at's */
+template <class IX> static __device__ __forceinline__ bool chunk_flat_at(const float *G, IX at, int n, int K) {
   bool steep = false;
-  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[d] - G[(n - 1) * GS + d] > CHUNK_SPAN;
+  for (int d = threadIdx.x; d < K; d += blockDim.x) steep |= G[at(0, d)] - G[at(n - 1, d)] > CHUNK_SPAN;
   return !__syncthreads_or(steep);
+}
+static __device__ __forceinline__ bool chunk_flat(const float *G, int GS, int n, int K) {
+  return chunk_flat_at(G, [GS](int r, int d) { return r * GS + d; }, n, K);
 }
 
 /* ==== version 2: tensor cores (mma.sync) ====================================================
