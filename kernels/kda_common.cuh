@@ -206,12 +206,12 @@ static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool ta
  * enters at the chunk's last row: dGn for a whole column), then the gate chain of §2.1 from the
  * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the rows'
  * ddt_bias share. */
-template <class FD>
-static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void *g, const float *dt_bias,
-                                       int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
-                                       int64_t d, float acc, float ea, float *dAl) {
+template <int MODE, class FD>
+static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, const void *g, const float *dt_bias,
+                                        int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
+                                        int64_t d, float acc, float ea, float *dAl) {
   int64_t K = p.K, HV = p.HV;
-  float ddt = 0, dtb = p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f;
+  float ddt = 0, dtb = MODE && dt_bias ? dt_bias[h * K + d] : 0.f;
   /* rows in batches of 8: the batch's loads are issued before its dg stores (one latency per
    * batch instead of one per row: the compiler cannot hoist a load above a possibly aliasing
    * store); the arithmetic and its order are those of the row-by-row loop */
@@ -221,7 +221,7 @@ static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void 
     for (int u = 0; u < 8; u++) {
       int64_t ir = ((t0 + r0 - u) * HV + h) * K + d;
       dw[u] = r0 - u >= lo ? dG_at(r0 - u) : 0.f;
-      gx[u] = r0 - u >= lo && p.gate_mode ? ldb(g, ir) : 0.f;
+      gx[u] = r0 - u >= lo && MODE ? ldb(g, ir) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < 8; u++) {
@@ -230,10 +230,10 @@ static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void 
       int64_t ir = ((t0 + r) * HV + h) * K + d;
       acc += dw[u];
       float dy = acc, dx;
-      if (p.gate_mode == 0) dx = dy;
+      if constexpr (MODE == 0) dx = dy;
       else {
         float x = gx[u] + dtb;
-        if (p.gate_mode == 1) dx = dy * -ea * sigm(x), *dAl += dy * -ea * softplus(x);
+        if constexpr (MODE == 1) dx = dy * -ea * sigm(x), *dAl += dy * -ea * softplus(x);
         else {
           float s = sigm(ea * x);
           dx = dy * p.lb * s * (1 - s) * ea;
@@ -245,6 +245,22 @@ static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void 
     }
   }
   return ddt;
+}
+/* The gate mode is the whole launch's: a loop a mode, chosen once. With the modes' branches in
+ * the row loop, a pre-gated chain's ~12 instructions a row sat among the other modes' ~110
+ * (sigm, softplus, IEEE division's slow path), so its rows jumped across ~15 KB of code a
+ * batch: ncu (s52a) put 14% of the phase's stall samples on instruction fetch (no_inst) and
+ * more on branch resolution. H100, one run, two rounds (s55d): k_bwd_final_wg's chain phase
+ * 5.3k -> 4.0k cycles a block (the kernel 44.6k -> 43.3k), fwd+bwd (8,2048,16,128) 2.646 /
+ * 2.658 -> 2.632 / 2.634 ms, (1,8192,16,128) 1.632 / 1.645 -> 1.625 / 1.624, graph
+ * (32,512,4,64) 0.451 / 0.455 -> 0.448 / 0.450. */
+template <class FD>
+static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void *g, const float *dt_bias,
+                                       int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
+                                       int64_t d, float acc, float ea, float *dAl) {
+  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  return gate_chain_rows<2>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
 }
 
 /* ---- version 1 and the decode (kernels/kda_v1.cu): kernels and their dynamic shared memory */
