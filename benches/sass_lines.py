@@ -9,7 +9,9 @@ are then summed by source line (file:line of the innermost frame), with the shar
 integer or address arithmetic (IMAD, IADD3, LEA, SHF, ISETP, LOP3, ...). Prints the N (40) lines
 with the most instructions, and the totals by file; where the page has the shared-memory
 wavefront columns (SourceCounters), the lines with the most excessive wavefronts (bank
-conflicts; a cp.async whose global and shared addresses differ mod 128 bytes). With FILE:L1,L2,...: also the totals by
+conflicts; a cp.async whose global and shared addresses differ mod 128 bytes); and the lines with
+the most instruction-fetch stall samples (no_inst: a hot loop whose body is spread over code it
+does not run, e.g. a runtime mode's branches inlined in every unrolled row). With FILE:L1,L2,...: also the totals by
 region of FILE (region i from line L(i) up to L(i+1), e.g. a kernel's phase markers; region 0
 before L1), each instruction counted in the region of the last FILE line seen before it in the
 SASS (helpers inlined from other files go to their caller's region)."""
@@ -108,6 +110,23 @@ def main():
                 break
             loc = f"{where[0]}:{where[1]}" if where else "?"
             print(f"  {loc:22s} {op:10s} {w:11.0f} {x:10.0f}")
+    ni, br = ix.get("stall_no_inst"), ix.get("stall_branch_resolving")
+    if ni is not None and br is not None:   # instruction fetch: code layout (a hot loop's body spread over cold code)
+        fe = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+        for r, (op, where) in zip(data, f):
+            e = fe[where]
+            e[0] += num(r[ni])
+            e[1] += num(r[br])
+            e[2] += num(r[S])
+        tn, tb = sum(v[0] for v in fe.values()), sum(v[1] for v in fe.values())
+        print(f"instruction fetch: no_inst {tn:.0f} samples ({100 * tn / max(tot_s, 1):.1f}% of all), "
+              f"branch_resolving {tb:.0f} ({100 * tb / max(tot_s, 1):.1f}%)")
+        print("  file:line              no_inst  branch  line's samples")
+        for where, (n, b, s) in sorted(fe.items(), key=lambda kv: -kv[1][0])[:min(top, 16)]:
+            if n <= 0:
+                break
+            loc = f"{where[0]}:{where[1]}" if where else "?"
+            print(f"  {loc:22s} {n:7.0f} {b:7.0f} {s:9.0f}")
     if len(sys.argv) > 4:
         fname, cuts = sys.argv[4].split(":")
         cuts = [int(x) for x in cuts.split(",")]
