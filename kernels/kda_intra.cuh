@@ -119,9 +119,22 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
       float4 qn = make_float4(xq[u].x * rq, xq[u].y * rq, xq[u].z * rq, xq[u].w * rq);
       float4 kn = make_float4(xk[u].x * rk, xk[u].y * rk, xk[u].z * rk, xk[u].w * rk);
       *(float4 *)(qs + r * KS + d) = qn, *(float4 *)(ks + r * KS + d) = kn;
-      *(float4 *)(Gs + r * KS + d) = live ? gate4(p, xg[u], ri.dt_bias, h, d, ea) : z4;
+      *(float4 *)(Gs + r * KS + d) = live ? xg[u] : z4;   /* the raw g: the gate below */
       if (ri.wr && r < n && lane == 0) w.rn[ROWI(r)] = make_float2(rq, rk);
     }
+    /* the gate's modes 1 and 2 on this thread's own elements of the pass, in a loop of its own
+     * (not unrolled): inlined in the pass above, each unrolled row carried the three modes'
+     * code (softplus, sigmoid, IEEE division's slow path), and a pre-gated chunk's few
+     * instructions a row jumped across it (the gate chain's case, kda_common.cuh) */
+    if (p.gate_mode)
+#pragma unroll 1
+      for (int u = 0; u < RW; u++) {
+        const int r = r0 + u * ng + grp;
+        if (r < n && d < K) {
+          float4 *x = (float4 *)(Gs + r * KS + d);
+          *x = gate4(p, *x, ri.dt_bias, h, d, ea);
+        }
+      }
   }
   if (rb < C) {
     float b = rb < n ? beta_act(p, braw) : 0.f;
