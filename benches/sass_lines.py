@@ -11,7 +11,8 @@ with the most instructions, and the totals by file; where the page has the share
 wavefront columns (SourceCounters), the lines with the most excessive wavefronts (bank
 conflicts; a cp.async whose global and shared addresses differ mod 128 bytes); and the lines with
 the most instruction-fetch stall samples (no_inst: a hot loop whose body is spread over code it
-does not run, e.g. a runtime mode's branches inlined in every unrolled row). With FILE:L1,L2,...: also the totals by
+does not run, e.g. a runtime mode's branches inlined in every unrolled row); and the lines with the most
+stall samples, each with its three leading stall reasons. With FILE:L1,L2,...: also the totals by
 region of FILE (region i from line L(i) up to L(i+1), e.g. a kernel's phase markers; region 0
 before L1), each instruction counted in the region of the last FILE line seen before it in the
 SASS (helpers inlined from other files go to their caller's region)."""
@@ -127,6 +128,19 @@ def main():
                 break
             loc = f"{where[0]}:{where[1]}" if where else "?"
             print(f"  {loc:22s} {n:7.0f} {b:7.0f} {s:9.0f}")
+    reasons = [(k[6:], i) for k, i in ix.items() if k.startswith("stall_") and "(" not in k]
+    if reasons:   # where the warps wait, and for what (the reasons' samples by source line)
+        st = collections.defaultdict(collections.Counter)
+        for r, (op, where) in zip(data, f):
+            for k, i in reasons:
+                st[where][k] += num(r[i])
+        print("stall samples by source line, the three leading reasons:")
+        print("  file:line              samples  share  reasons")
+        for where, c in sorted(st.items(), key=lambda kv: -sum(kv[1].values()))[:min(top, 20)]:
+            n = sum(c.values())
+            loc = f"{where[0]}:{where[1]}" if where else "?"
+            why = ", ".join(f"{k} {100 * v / max(n, 1):.0f}%" for k, v in c.most_common(3) if v > 0)
+            print(f"  {loc:22s} {n:7.0f} {100 * n / max(tot_s, 1):5.1f}%  {why}")
     if len(sys.argv) > 4:
         fname, cuts = sys.argv[4].split(":")
         cuts = [int(x) for x in cuts.split(",")]
