@@ -76,9 +76,12 @@ template <int LW, int RW, bool RAW = false, class FM>
 static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,
                                                   float *Gs, float *bs, int KS, int C, int n, int64_t t0,
                                                   int64_t h, FM mid, raw_rows raw = raw_rows{}) {
-  /* RW: a lane group's rows in flight (its 12 RW registers of loads); mid(): the caller's work
-   * that needs none of this, run while the first pass's loads fly (and beta's: thread r loads
-   * row r's, C <= 64 <= the block's threads). RAW: the rows from shared memory (raw) instead, in one
+  /* RW: a lane group's rows in flight (its 6 RW registers of loads); mid(): the caller's work
+   * that needs none of this (beta's load flies across it: thread r loads row r's, C <= 64 <=
+   * the block's threads). At K > 64 (LW = 32) it runs before the first pass's loads: between
+   * them and their use, its loop split them (ptxas issued a row's loads before it, the rest
+   * after); at K <= 64 after them, where it was (before them: (32,512,4,64) fwd 0.121 -> 0.123
+   * ms, H100 s56c, s56d). RAW: the rows from shared memory (raw) instead, in one
    * pass (asserted), a barrier after its reads, since mid() and the writes below overwrite the
    * raw tiles (k_fwd_flow_ps puts them in A, L and k's room) */
   const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
@@ -86,47 +89,59 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
   const int rb = threadIdx.x;
   static_assert(!RAW || RW * (NTC / LW) >= 64, "RAW: one pass (k_fwd_flow_ps: 512 threads, C = 64)");
   const float braw = RAW ? raw.beta : rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
-  const float ea = ri.A_log ? expf(ri.A_log[h]) : 1.f;
+  const float alog = ri.A_log ? ri.A_log[h] : 0.f;   /* its e^x where the gate needs it, after the loads */
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
-    float4 xq[RW], xk[RW], xg[RW];
+    /* every load of the pass in flight together: q, k, g as loaded (ld4r), converted below;
+     * a pad row or column loads the chunk's first element (no branch around a load: the
+     * compiler scheduled such loads after the first rows' arithmetic) and is zeroed where
+     * converted. Converted where loaded, each row had waited for its bytes before the next
+     * row's loads issued (ncu s56b: 9% of k_intra_tc's stall samples at those conversions).
+     * H100, against the converting form (s56c-e, 7 rounds): fwd (8,2048,16,128) 0.758-0.767 ->
+     * 0.725-0.732 ms, (1,8192,16,128) (the flow kernel's RAW rows) 0.540-0.548 -> 0.517-0.525;
+     * fwd+bwd 2.619-2.649 -> 2.590-2.598 and 1.611-1.637 -> 1.592-1.619; the small shapes
+     * equal. Staging the rows by cp.async instead and reading them as RAW (wip/cs56) gained
+     * nothing (fwd 0.752-0.762): the front's shared-memory pass costs what the wait did */
+    uint2 xr[3][RW];
+    constexpr bool MID_FIRST = !RAW && LW == 32;
+    if (MID_FIRST && r0 == 0) mid();
 #pragma unroll
-    for (int u = 0; u < RW; u++) {                 /* every load of the pass in flight together */
-      int r = r0 + u * ng + grp;
-      xq[u] = xk[u] = xg[u] = z4;
+    for (int u = 0; u < RW; u++) {
+      const int r = r0 + u * ng + grp;
+      const bool ok = r < n && d < K;
       if (RAW) {
-        if (r < n && d < K) {
-          const int i = r * (int)K + d;
-          xq[u] = ld4b(raw.q, i), xk[u] = ld4b(raw.k, i), xg[u] = ld4b(raw.g, i);
-        }
-      } else if (r < n && d < K) {
-        int64_t iq = ((t0 + r) * p.H + hq) * K + d;
-        xq[u] = ld4b(ri.q, iq), xk[u] = ld4b(ri.k, iq), xg[u] = ld4b(ri.g, ROWI(r) * K + d);
+        const int i = ok ? r * (int)K + d : 0;
+        xr[0][u] = ld4r(raw.q, i), xr[1][u] = ld4r(raw.k, i), xr[2][u] = ld4r(raw.g, i);
+      } else {
+        const int64_t iq = ((t0 + (ok ? r : 0)) * p.H + hq) * K + (ok ? d : 0);
+        xr[0][u] = ld4r(ri.q, iq), xr[1][u] = ld4r(ri.k, iq), xr[2][u] = ld4r(ri.g, ROWI(ok ? r : 0) * K + (ok ? d : 0));
       }
     }
-    if (r0 == 0) {
+    if (!MID_FIRST && r0 == 0) {
       if (RAW) __syncthreads();                    /* every raw read done: mid() and the tiles may overwrite them */
       mid();
     }
 #pragma unroll
     for (int u = 0; u < RW; u++) {
       int r = r0 + u * ng + grp;
+      const bool live = r < n && d < K;
+      const float4 xq = live ? bf4(xr[0][u]) : z4, xk = live ? bf4(xr[1][u]) : z4;
       float sq = 0, sk = 0;
-      sq += sumsq4(xq[u]), sk += sumsq4(xk[u]);
+      sq += sumsq4(xq), sk += sumsq4(xk);
       float rq = l2_scale(p, lane_group_sum<LW>(sq)), rk = l2_scale(p, lane_group_sum<LW>(sk));
       if (r >= C || d >= K16) continue;
-      bool live = r < n && d < K;
-      float4 qn = make_float4(xq[u].x * rq, xq[u].y * rq, xq[u].z * rq, xq[u].w * rq);
-      float4 kn = make_float4(xk[u].x * rk, xk[u].y * rk, xk[u].z * rk, xk[u].w * rk);
+      float4 qn = make_float4(xq.x * rq, xq.y * rq, xq.z * rq, xq.w * rq);
+      float4 kn = make_float4(xk.x * rk, xk.y * rk, xk.z * rk, xk.w * rk);
       *(float4 *)(qs + r * KS + d) = qn, *(float4 *)(ks + r * KS + d) = kn;
-      *(float4 *)(Gs + r * KS + d) = live ? xg[u] : z4;   /* the raw g: the gate below */
+      *(float4 *)(Gs + r * KS + d) = live ? bf4(xr[2][u]) : z4;   /* the raw g: the gate below */
       if (ri.wr && r < n && lane == 0) w.rn[ROWI(r)] = make_float2(rq, rk);
     }
     /* the gate's modes 1 and 2 on this thread's own elements of the pass, in a loop of its own
      * (not unrolled): inlined in the pass above, each unrolled row carried the three modes'
      * code (softplus, sigmoid, IEEE division's slow path), and a pre-gated chunk's few
      * instructions a row jumped across it (the gate chain's case, kda_common.cuh) */
-    if (p.gate_mode)
+    if (p.gate_mode) {
+      const float ea = ri.A_log ? expf(alog) : 1.f;
 #pragma unroll 1
       for (int u = 0; u < RW; u++) {
         const int r = r0 + u * ng + grp;
@@ -135,6 +150,7 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
           *x = gate4(p, *x, ri.dt_bias, h, d, ea);
         }
       }
+    }
   }
   if (rb < C) {
     float b = rb < n ? beta_act(p, braw) : 0.f;
