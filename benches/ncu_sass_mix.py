@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""benches/ncu_sass_mix.py FILE.csv — summarise one kernel's per-instruction ncu source page
+"""benches/ncu_sass_mix.py FILE.csv[.xz] — summarise one kernel's per-instruction ncu source page
 (`ncu -i REP --page source --csv --print-source sass`, as `device_run.sh ncu_source` writes it;
 an optional second argument N: how many of the top-stalling instructions to list, default 12):
 warp-stall reasons over all sampled instructions, then the opcode mix (executed warp
 instructions, and each opcode's share of the stall samples). The page itself has 9k rows a
 kernel; this is what decides where a kernel's issue slots go (e.g. integer address work, the
 exponent's wrapper)."""
-import collections, csv, sys
+import collections, csv, lzma, sys
 
 
 def num(x):
@@ -16,7 +16,7 @@ def num(x):
         return 0.0
 
 
-rows = list(csv.reader(open(sys.argv[1])))
+rows = list(csv.reader(lzma.open(sys.argv[1], "rt") if sys.argv[1].endswith(".xz") else open(sys.argv[1])))
 hdr = rows[1]
 ix = {h: i for i, h in enumerate(hdr)}
 data = [r for r in rows[2:] if len(r) >= len(hdr)]
