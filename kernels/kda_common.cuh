@@ -106,10 +106,9 @@ struct rowin {
 /* ---- the row preprocessing's arithmetic (§2.1–2.3), one form for k_rows, k_rows4 and the
  * fused front, so that they give the same values bit for bit ---- */
 
-/* 4 bf16 at p[i] (8-byte aligned), as loaded (ld4r) and as floats (bf4: 0 bits are 0.f). A loop
- * that loads several rows keeps them raw and converts after the last load: converted where
- * loaded, under a row's bounds test, each row's conversion waited for its load before the next
- * row's loads issued (k_intra_tc's front, ncu s56b) */
+/* 4 bf16 at p[i] (8-byte aligned), as loaded (ld4r) and as floats (bf4: 0 bits are 0.f); a loop
+ * that loads several rows keeps them raw and converts after the last load (why: intra_rows,
+ * kda_intra.cuh) */
 static __device__ __forceinline__ uint2 ld4r(const void *p, int64_t i) { return *(const uint2 *)((const bf16 *)p + i); }
 static __device__ __forceinline__ float4 bf4(uint2 u) {
   float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);

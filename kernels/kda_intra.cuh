@@ -97,11 +97,13 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
      * compiler scheduled such loads after the first rows' arithmetic) and is zeroed where
      * converted. Converted where loaded, each row had waited for its bytes before the next
      * row's loads issued (ncu s56b: 9% of k_intra_tc's stall samples at those conversions).
-     * H100, against the converting form (s56c-e, 7 rounds): fwd (8,2048,16,128) 0.758-0.767 ->
-     * 0.725-0.732 ms, (1,8192,16,128) (the flow kernel's RAW rows) 0.540-0.548 -> 0.517-0.525;
-     * fwd+bwd 2.619-2.649 -> 2.590-2.598 and 1.611-1.637 -> 1.592-1.619; the small shapes
-     * equal. Staging the rows by cp.async instead and reading them as RAW (wip/cs56) gained
-     * nothing (fwd 0.752-0.762): the front's shared-memory pass costs what the wait did */
+     * H100, this form against the converting one (s56e, two rounds): fwd (8,2048,16,128)
+     * 0.758-0.767 -> 0.726-0.727 ms, (1,8192,16,128) (the flow kernel's RAW rows) 0.540-0.544 ->
+     * 0.517-0.525; fwd+bwd 2.622-2.649 -> 2.590-2.595 and 1.611-1.628 -> 1.592-1.619; the small
+     * shapes equal (s56c, s56d: the variants with mid() first at every K, or the RAW rows under
+     * their branch, alike at the large shapes). Staging the rows by cp.async instead and reading
+     * them as RAW (wip/cs56) gained nothing (fwd 0.752-0.762): the front's shared-memory pass
+     * costs what the wait did */
     uint2 xr[3][RW];
     constexpr bool MID_FIRST = !RAW && LW == 32;
     if (MID_FIRST && r0 == 0) mid();
