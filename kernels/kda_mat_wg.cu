@@ -34,9 +34,10 @@ size_t smem_mat_wg(void) { return (size_t)5 * MW_T * 4 + 64 * MW_VB * 2 + (64 * 
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* cp.async of rows [0, n) of a 64 x 64 fp32 block (row r at rowp(r), 16-byte aligned) into a
- * swizzled tile, zeros past n: a thread a 16-byte chunk, sixteen threads a row (256 bytes) */
-template <class RP> static __device__ __forceinline__ void mw_stage(float *S, int n, RP rowp) {
-  for (int e = threadIdx.x; e < 64 * 16; e += NTC) {
+ * swizzled tile, zeros past n: a thread a 16-byte chunk, sixteen threads a row (256 bytes), by
+ * threads 0 .. NTH - 1 */
+template <int NTH = NTC, class RP> static __device__ __forceinline__ void mw_stage(float *S, int n, RP rowp) {
+  for (int e = threadIdx.x; e < 64 * 16; e += NTH) {
     const int r = e >> 4, c = (e & 15) << 2;
     const bool ok = r < n;
     cp_async16(S + wf_off<64>(r, c), rowp(ok ? r : 0) + c, ok);
@@ -89,6 +90,23 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   mw_stage(Ms, n, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_bf16(Vr, MW_VB, C, V, n, V, v, t0, HV, h);
   for (int r = threadIdx.x; r < C; r += NTC) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
+  /* round rd's A0 (and B0) operands: V rounds dVn's half, K rounds dW's and Kb's. Round 0's
+   * here, by every thread; round rd + 1's by warpgroups 0 and 1 as soon as their round-rd
+   * product (the only reader of A0 and B0 after the round's barrier) is done, so the copies
+   * fly under warpgroups 2 and 3's product and epilogue instead of after them (ncu s56b: the
+   * round's cp.async wait 10.5% of this kernel's stall samples, the barriers around it 16%).
+   * Measured (H100, s57a, three rounds beside main): fwd+bwd (8,2048,16,128) 2.609-2.620 ->
+   * 2.583-2.605 ms, (1,8192,16,128) 1.600-1.616 -> 1.594-1.602; the small shapes equal */
+  auto stage = [&](int rd, auto nth) {
+    constexpr int NTH = decltype(nth)::value;
+    const int d0 = 64 * (rd & 1);
+    if (rd < 2) mw_stage<NTH>(A0, n, [&](int i) { return w.dvn + ROWI(i) * V + d0; });
+    else {
+      mw_stage<NTH>(A0, n, [&](int i) { return w.dW + ROWI(i) * K + d0; });
+      mw_stage<NTH>(B0, n, [&](int i) { return w.Kb + ROWI(i) * K + d0; });
+    }
+  };
+  stage(0, std::integral_constant<int, NTC>());
   /* a warpgroup's accumulators: warpgroups 0, 1 hold dM's columns [32 g, 32 g + 32) in them
    * across the rounds, 2 and 3 a round's dv or dKb columns (one array for both: 16 registers
    * fewer than two, which spilled at the 64-register bound of two blocks an SM) */
@@ -97,15 +115,8 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   for (int rd = 0; rd < 4; rd++) {
     const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
     const int d0 = 64 * (rd & 1);
-    if (rd) __syncthreads();                       /* the previous round's readers of A0, B0, T0 done */
-    if (!kr) mw_stage(A0, n, [&](int i) { return w.dvn + ROWI(i) * V + d0; });
-    else {
-      mw_stage(A0, n, [&](int i) { return w.dW + ROWI(i) * K + d0; });
-      mw_stage(B0, n, [&](int i) { return w.Kb + ROWI(i) * K + d0; });
-    }
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
+    cp_async_wait_all();                           /* this round's operands (staged by round rd - 1) */
+    __syncthreads();                               /* ... and the previous round's readers of T0 done */
     if (rd == 0) mw_round_t(Ms, MsT);
     mw_round_t(A0, T0);
     if (!kr)                                       /* B0 = tf32(b_j v_jc), the half's columns */
@@ -119,8 +130,13 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
     else tf32r_tile(B0, MW_T);
     wg_proxy_fence();
     __syncthreads();
-    if (g < 2) mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
-    else {
+    if (g < 2) {
+      mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
+      if (rd < 3) {
+        wg01_sync();                               /* both warpgroups' products have read A0, B0 */
+        stage(rd + 1, std::integral_constant<int, 256>());
+      }
+    } else {
       mw_prod<32>(acc, wf_desc(MsT, 0), wf_desc(T0, 32 * (g - 2)), false);
       if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
