@@ -46,7 +46,7 @@ static __host__ __device__ __forceinline__ int final_at_cols(int C) {
 struct final_flat {
   const float *Gs, *dAs, *dLs, *bs, *rq, *rk;
   const sbf *qb, *kb;
-  float *X, *dGs, *dKbs, *dQg, *dKig;
+  float *X, *dGs, *dKbs, *dKig;
   float scale;
   int n, RS;
 };
@@ -211,7 +211,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   if constexpr (WG) {
     flat = chunk_flat_at(Gs, T, n, (int)K);
     if (flat)
-      final_flat_wg<NF>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dQg, dKig, p.scale, n, RS},
+      final_flat_wg<NF>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dKig, p.scale, n, RS},
                         [&](int s) { PH(s); });
   }
   if (!flat) {
@@ -479,7 +479,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int d = d0 + 32 * u;
         int gi = i * RS + d;
         if (d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
-        if (dk_out && d < K) yq[u] = dQg[gi];
+        if (dk_out && d < K) yq[u] = flat ? dw[u] : dQg[gi];   /* flat: the dG tile holds dQ (final_flat_wg) */
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -490,7 +490,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         y[u] = dk[u] + b * R[u];
         if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
         else dKig[gi] = y[u];
-        dGs[TR(i, d)] = dw[u] + kn * b * R[u];
+        if (flat && !dk_out) dQg[gi] = dw[u];          /* for k_qk_bwd */
+        /* dG = q dQ - k dKi + k b R' (flat: its q and k parts formed here, dKi the row's as R2b left it) */
+        dGs[TR(i, d)] = (flat ? qv(i, d) * dw[u] - kn * dk[u] : dw[u]) + kn * b * R[u];
         acc += kn * R[u];
       }
     }

@@ -18,8 +18,9 @@
  *   column terms col_j = e^{Gm - G_j} ([dA^T | dL^T] [q ; b k] e^{G - Gm})_j
  * and then the diagonal phase's epilogue formulas: dQ = s dQ0 e^G + dqi, R' = R + dKb e^G (dKb
  * in shared memory), dKi = dKi0 e^{G_{n-1} - G} + col (dKi0 re-read from global memory: its
- * staged copy's room holds the tiles), dG = q dQ - k dKi (the per-block path's sum, in another
- * order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us of ~3.0 ms fwd+bwd at
+ * staged copy's room holds the tiles); dQ stays in the dG tile and dKi in the room's first rows,
+ * where the body's R terms read them and form dG = q dQ - k dKi + k b R' (the per-block path's
+ * sum, in another order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us of ~3.0 ms fwd+bwd at
  * (8,2048,16,128) on an H100), its diagonal phase's pair loop and its sixteen-row products
  * behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is eight instructions
  * reading both operands from shared memory, with no per-pair exponent. The same flat form on
@@ -42,12 +43,11 @@
  *       (which T3, T4 overlap: a barrier before S2)
  *   S2  T3, T4 = X^T (rows d in two halves, columns j)
  *   R1  warpgroup g: dA X^T and dL X^T at columns d of 32 g .., m64n32k8 x 8 each; epilogue dQ (from
- *       dQ0 staged in the dG tile), R', dG's q part
+ *       dQ0 staged in the dG tile, in its place), R'
  *   S3  T0 = dL^T (from T1), T3, T4 = (q e^{G - Gm})^T
  *   R2a warpgroup g: columns d of 32 g .., dA^T Yq, m64n32k8 x 8; meanwhile T1 = (b k e^{G - Gm})^T
  *       of d < 64
- *   R2b T3 = the same of d >= 64, then dL^T Ybk into the same accumulators; epilogue dKi, dG's k
- *       part.
+ *   R2b T3 = the same of d >= 64, then dL^T Ybk into the same accumulators; epilogue dKi.
  * PH(2) .. PH(6) mark the stages. Phase counters: this file's own (kda_tc.cuh's per-file
  * kda_phase_cyc), kernel id 6, printed as the row "bwd_final_wg" by kda_bench_phases, which links
  * this file's -DKDA_PHASES object (benches/kda_gpu.sh); its p2 .. p6 sum a flat chunk's stages
@@ -95,8 +95,6 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
     float s = r[i];
     return make_float4(a.x * s, a.y * s, b.x * s, b.y * s);
   };
-  auto qv = [&](int i, int d) { return __bfloat162float(f.qb[i * QB + d]) * f.rq[i]; };
-  auto kv = [&](int i, int d) { return __bfloat162float(f.kb[i * QB + d]) * f.rk[i]; };
   /* Ybk^T's entries b_i k_i e^{G_i - Gm} (the per-block path's b k times the factor) */
   auto ybk = [&](int i, int d, float (&x)[4]) {
     float4 up, dn;
@@ -142,8 +140,14 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
     /* warpgroup g: columns d of 32 g .. 32 g + 31 of both products (B from row 32 (g % 2) of
      * the half's tile), so that every warpgroup's epilogue does the same work: a dQ and an R'
      * block each. The dQ rows' inter-chunk part dQ0 was staged into the dG tile with the
-     * chunk's other operands (bwd_final_tc, WG), where the epilogue's dG = q dQ lands: read
-     * and written by the same thread. This stage 10.0k -> 8.4k cycles a block (H100, s51a, with
+     * chunk's other operands (bwd_final_tc, WG), where the epilogue's dQ lands: read and
+     * written by the same thread. dQ stays there, not in global memory: the R terms read it
+     * (dq's l2-norm backward and dG's q part; it went out and back through L2, its float2
+     * stores 3.9% of this kernel's stall samples, mio and lg throttles, ncu s57c). H100, one
+     * run, three rounds against main (s57e): this stage 7.1k -> 3.7k cycles a block, R2b's
+     * 3.0k -> 2.3k, the kernel 43.5k -> 39.5k; fwd+bwd (8,2048,16,128) 2.591-2.605 ->
+     * 2.514-2.517 ms, (1,8192,16,128) 1.594-1.608 -> 1.546-1.556; the small shapes (K = 64, no
+     * wgmma final kernel) equal. This stage 10.0k -> 8.4k cycles a block (H100, s51a, with
      * fk, fp and fb: 49.7k -> 45.9k in all); the layout before it gave warpgroups 0, 2 dA's rows and 1, 3 dL's, 64 columns each, the dA ones
      * loading dQ0 from global memory during the MMAs: that stage took 10.0k of 49.5k cycles a
      * block (H100, s50c) */
@@ -167,14 +171,12 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
         float up[2], eg[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) up[u] = kexp(gv[u] - mv[u]), eg[u] = kexp(gv[u]);
-        /* dq: the inter-chunk dQ, s (dO S0^T) e^G, plus the row term */
+        /* dQ: the inter-chunk dQ, s (dO S0^T) e^G, plus the row term, in place of dQ0 in the dG
+         * tile (the R terms read it there: dq's l2-norm backward, dG's q part) */
         float2 *dgp = (float2 *)(f.dGs + TE(i, d));
         const float2 q0v = *dgp;
         const float dq0 = f.scale * q0v.x * eg[0], dq1 = f.scale * q0v.y * eg[1];
-        const float y0 = qa[o] * up[0], y1 = qa[o + 1] * up[1];
-        const float q0 = qv(i, d), q1 = qv(i, d + 1);
-        *(float2 *)(f.dQg + i * RS + d) = make_float2(dq0 + y0, dq1 + y1);
-        *dgp = make_float2(q0 * dq0 + q0 * y0, q1 * dq1 + q1 * y1);
+        *dgp = make_float2(dq0 + qa[o] * up[0], dq1 + qa[o + 1] * up[1]);
         /* R' = R + dKb e^G (the body's R terms) */
         float2 *rp = (float2 *)(f.dKbs + TE(i, d));
         const float2 kb2 = *rp;
@@ -242,17 +244,11 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
       const float2 gj = *(const float2 *)(Gs + TE(j, d)), g0 = *(const float2 *)(Gs + T(0, d)),
                    gl = *(const float2 *)(Gs + T(n - 1, d));
       const float gv[2] = {gj.x, gj.y}, lv[2] = {gl.x, gl.y}, mv[2] = {0.5f * (g0.x + gl.x), 0.5f * (g0.y + gl.y)};
-      float ki[2], dg[2];
+      float ki[2];
 #pragma unroll
-      for (int u = 0; u < 2; u++) {
-        /* dki: the staged dKi's factor as the dGn phase applied it, e^{G_{n-1} - G_j} */
-        const float col = acc[o + u] * kexp(mv[u] - gv[u]), dki = pf[o + u] * kexp(lv[u] - gv[u]), kn = kv(j, d + u);
-        ki[u] = dki + col, dg[u] = kn * dki + kn * col;
-      }
+      for (int u = 0; u < 2; u++)   /* dki: the staged dKi's factor as the dGn phase applied it, e^{G_{n-1} - G_j} */
+        ki[u] = pf[o + u] * kexp(lv[u] - gv[u]) + acc[o + u] * kexp(mv[u] - gv[u]);
       *(float2 *)(Dk + j * (128 + 8) + d) = make_float2(ki[0], ki[1]);
-      float2 *dgp = (float2 *)(f.dGs + TE(j, d));
-      const float2 o2 = *dgp;
-      *dgp = make_float2(o2.x - dg[0], o2.y - dg[1]);
     }
   ph(6);
 }
