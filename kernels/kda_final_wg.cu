@@ -18,12 +18,12 @@
  *   column terms col_j = e^{Gm - G_j} ([dA^T | dL^T] [q ; b k] e^{G - Gm})_j
  * and then the diagonal phase's epilogue formulas: dQ = s dQ0 e^G + dqi, R' = R + dKb e^G (dKb
  * in shared memory), dKi = dKi0 e^{G_{n-1} - G} + col (dKi0 re-read from global memory: its
- * staged copy's room holds the tiles); dQ stays in the dG tile and dKi in the room's first rows,
- * where the body's R terms read them and form dG = q dQ - k dKi + k b R' (the per-block path's
- * sum, in another order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us of ~3.0 ms fwd+bwd at
- * (8,2048,16,128) on an H100), its diagonal phase's pair loop and its sixteen-row products
- * behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is eight instructions
- * reading both operands from shared memory, with no per-pair exponent. The same flat form on
+ * staged copy's room holds the tiles); dQ stays in the dG tile and dKi in the room's first
+ * rows, where the body's R terms read them and form dG = q dQ - k dKi + k b R' (the per-block
+ * path's sum, in another order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us
+ * of ~3.0 ms fwd+bwd at (8,2048,16,128) on an H100), its diagonal phase's pair loop and its
+ * sixteen-row products behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is
+ * eight instructions reading both operands from shared memory, with no per-pair exponent. The same flat form on
  * mma.sync lost (kda_tc.cuh, CHUNK_SPAN: its whole-chunk products cost more than the per-block
  * ones and the pair loop they removed); the wgmma form wins: H100, one run against
  * KDA_KDA_FINALWG=0 (benches/results/2026-12-05s50b), the kernel 1252 -> 1029 us (ncu), fwd+bwd
@@ -141,16 +141,17 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
      * the half's tile), so that every warpgroup's epilogue does the same work: a dQ and an R'
      * block each. The dQ rows' inter-chunk part dQ0 was staged into the dG tile with the
      * chunk's other operands (bwd_final_tc, WG), where the epilogue's dQ lands: read and
-     * written by the same thread. dQ stays there, not in global memory: the R terms read it
-     * (dq's l2-norm backward and dG's q part; it went out and back through L2, its float2
-     * stores 3.9% of this kernel's stall samples, mio and lg throttles, ncu s57c). H100, one
-     * run, three rounds against main (s57e): this stage 7.1k -> 3.7k cycles a block, R2b's
-     * 3.0k -> 2.3k, the kernel 43.5k -> 39.5k; fwd+bwd (8,2048,16,128) 2.591-2.605 ->
-     * 2.514-2.517 ms, (1,8192,16,128) 1.594-1.608 -> 1.546-1.556; the small shapes (K = 64, no
-     * wgmma final kernel) equal. This stage 10.0k -> 8.4k cycles a block (H100, s51a, with
-     * fk, fp and fb: 49.7k -> 45.9k in all); the layout before it gave warpgroups 0, 2 dA's rows and 1, 3 dL's, 64 columns each, the dA ones
-     * loading dQ0 from global memory during the MMAs: that stage took 10.0k of 49.5k cycles a
-     * block (H100, s50c) */
+     * written by the same thread. The layout before this balance gave warpgroups 0, 2 dA's
+     * rows and 1, 3 dL's, 64 columns each, the dA ones loading dQ0 from global memory during
+     * the MMAs: this stage 10.0k of 49.5k cycles a block (H100, s50c), balanced 8.4k (s51a,
+     * with fk, fp and fb: 49.7k -> 45.9k in all).
+     * dQ stays in the tile, not in global memory: the R terms read it there (dq's l2-norm
+     * backward and dG's q part). It went out and back through L2, its float2 stores 3.9% of
+     * this kernel's stall samples (mio and lg throttles, ncu s57c). H100, one run, three rounds
+     * against main (s57e): this stage 7.1k -> 3.7k cycles a block, R2b's 3.0k -> 2.3k, the
+     * kernel 43.5k -> 39.5k; fwd+bwd (8,2048,16,128) 2.591-2.605 -> 2.514-2.517 ms,
+     * (1,8192,16,128) 1.594-1.608 -> 1.546-1.556; the small shapes (K = 64, no wgmma final
+     * kernel) equal. */
     const int d0 = 32 * g;
     const uint64_t db = wf_desc(g >> 1 ? T4 : T3, 32 * (g & 1));
     float qa[16], la[16];
