@@ -273,17 +273,23 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int i = i0 + u;
           if (I0 + i >= n) break;
           int gi = (I0 + i) * RS + d;
-          float qn = qv(I0 + i, d), kn = kv(I0 + i, d), eg = kexp(Gs[T(I0 + i, d)]),
-                dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
+          float eg = kexp(Gs[T(I0 + i, d)]), dki = Xd[(I0 + i) * XS + d];   /* reloaded: gr, kr die after the pair loop */
           float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
-          dQg[gi] = dq + dqi[i];
+          /* dQ, in the dG tile until the R terms (the row terms add into it there; the R terms
+           * read it for dq's l2-norm backward and form dG = q dQ - k dKi + k b R'): it went out
+           * to global memory here, was read back and rewritten by the row terms and read again by
+           * the R terms, the dG tile taking the q and k parts on the way. H100, one run, two
+           * rounds against main (s57g): graph fwd+bwd (32,512,4,64) 0.450-0.452 -> 0.439 ms,
+           * (8,512,4,64) 0.133 -> 0.131; the large shapes (flat chunks: kda_final_wg.cu, which
+           * did the same first, s57e) equal. Every k_bwd_final_tc form spills less (ptxas: the
+           * compact K = 64 one 8 / 4 -> 0 / 0 bytes) */
+          dGs[T(I0 + i, d)] = dq + dqi[i];
           if constexpr (KBS) {                        /* R' = R + dKb e^G: see the R terms */
             float *r = dKbs + T(I0 + i, d);
             *r = R[i] + *r * eg;
           } else
             dKbg[gi] = R[i] + dkb[u] * eg;
           dKig[gi] = dki + col[i];
-          dGs[T(I0 + i, d)] = (qn * dq - kn * dki) + (qn * dqi[i] - kn * col[i]);
         }
       }
     }
@@ -339,7 +345,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       auto epi = [&](int ii, int d0, float c0, float c1, float c2, float c3, const pre4 &pf) {
         float x[4] = {c0, c1, c2, c3};
         const epi4 e = at(ii, d0);
-        /* a row's two columns (u, u + 1) in one global store (pairs2) */
+        /* a row's two columns (u, u + 1) in one store (pairs2): dQ's in the dG tile, dKb's */
 #pragma unroll
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
@@ -347,12 +353,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
             int si = T(e.r[u], d0);                  /* (d0 even: si + 1 is its pair) */
             float2 gi = ld2f(Gs + si, n1), gr = ld2f(Gs + T(r, d0), n1);
             float y0 = x[u] * kexp(gi.x - gr.x), y1 = x[u + 1] * kexp(gi.y - gr.y);
-            float *dst = ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + si : dKbg + e.r[u] * RS + d0;
+            float *dst = ii < 16 ? dGs + si : KBS ? dKbs + si : dKbg + e.r[u] * RS + d0;
             st2f(dst, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-            if (ii < 16) {
-              dGs[si] += qv(e.r[u], d0) * y0;
-              if (n1) dGs[si + 1] += qv(e.r[u], d0 + 1) * y1;
-            }
           }
       };
       auto pre = [&](int ii, int d0) {
@@ -362,7 +364,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         for (int u = 0; u < 4; u += 2)
           if (e.ok[u]) {
             const float *src =
-                ii < 16 ? dQg + e.r[u] * RS + d0 : KBS ? dKbs + T(e.r[u], d0) : dKbg + e.r[u] * RS + d0;
+                ii < 16 ? dGs + T(e.r[u], d0) : KBS ? dKbs + T(e.r[u], d0) : dKbg + e.r[u] * RS + d0;
             float2 v = ld2f(src, e.ok[u + 1]);
             pf.a[u] = v.x, pf.a[u + 1] = v.y;
           }
@@ -427,8 +429,6 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
               float2 gr = ld2f(Gs + T(rp, d0), n1), gj = ld2f(Gs + sj, n1);
               float y0 = x[u] * kexp(gr.x - gj.x), y1 = x[u + 1] * kexp(gr.y - gj.y);
               st2f(dKig + e.r[u] * RS + d0, pf.a[u] + y0, pf.a[u + 1] + y1, n1);
-              dGs[sj] -= kv(e.r[u], d0) * y0;
-              if (n1) dGs[sj + 1] -= kv(e.r[u], d0 + 1) * y1;
             }
         };
         auto pre = [&](int jj, int d0) {
@@ -479,7 +479,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         int d = d0 + 32 * u;
         int gi = i * RS + d;
         if (d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
-        if (dk_out && d < K) yq[u] = flat ? dw[u] : dQg[gi];   /* flat: the dG tile holds dQ (final_flat_wg) */
+        if (dk_out && d < K) yq[u] = dw[u];        /* the dG tile holds dQ until here */
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
@@ -490,9 +490,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         y[u] = dk[u] + b * R[u];
         if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
         else dKig[gi] = y[u];
-        if (flat && !dk_out) dQg[gi] = dw[u];          /* for k_qk_bwd */
-        /* dG = q dQ - k dKi + k b R' (flat: its q and k parts formed here, dKi the row's as R2b left it) */
-        dGs[TR(i, d)] = (flat ? qv(i, d) * dw[u] - kn * dk[u] : dw[u]) + kn * b * R[u];
+        if (!dk_out) dQg[gi] = dw[u];              /* for k_qk_bwd */
+        /* dG = q dQ - k dKi + k b R', dKi the row's total before R' (the diagonal, column terms') */
+        dGs[TR(i, d)] = qv(i, d) * dw[u] - kn * dk[u] + kn * b * R[u];
         acc += kn * R[u];
       }
     }
