@@ -273,7 +273,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int i = i0 + u;
           if (I0 + i >= n) break;
           int gi = (I0 + i) * RS + d;
-          float eg = kexp(Gs[T(I0 + i, d)]), dki = Xd[(I0 + i) * XS + d];   /* reloaded: gr, kr die after the pair loop */
+          float eg = kexp(Gs[T(I0 + i, d)]),
+                dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
           float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
           /* dQ, in the dG tile until the R terms (the row terms add into it there; the R terms
            * read it for dq's l2-norm backward and form dG = q dQ - k dKi + k b R'): it went out
