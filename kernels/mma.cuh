@@ -80,6 +80,15 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
                  : "r"(smem_u32(b)), "r"(parity)
                  : "memory");
 }
+#else
+/* below sm_90 the same names trap: their only user, k_fwd_flow_ps, runs on 9.0+ (kda_cuda.cu
+ * use_persist), but the templates that name them must compile for the sm_80 path */
+static __device__ __forceinline__ void mbar_init(uint64_t *, unsigned) { __trap(); }
+static __device__ __forceinline__ void mbar_init_fence() { __trap(); }
+static __device__ __forceinline__ void fence_proxy_async_smem() { __trap(); }
+static __device__ __forceinline__ void mbar_expect(uint64_t *, unsigned) { __trap(); }
+static __device__ __forceinline__ void bulk_g2s(void *, const void *, unsigned, uint64_t *) { __trap(); }
+static __device__ __forceinline__ void mbar_wait(uint64_t *, unsigned) { __trap(); }
 #endif
 
 /* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Register i of lane
