@@ -6,7 +6,9 @@ warp-stall reasons over all sampled instructions, then the opcode mix (executed 
 instructions, and each opcode's share of the stall samples). The page itself has 9k rows a
 kernel; this is what decides where a kernel's issue slots go (e.g. integer address work, the
 exponent's wrapper)."""
-import collections, csv, lzma, sys
+import collections, csv, sys
+
+from sass_lines import opened   # a page as written, or .xz
 
 
 def num(x):
@@ -16,7 +18,7 @@ def num(x):
         return 0.0
 
 
-rows = list(csv.reader(lzma.open(sys.argv[1], "rt") if sys.argv[1].endswith(".xz") else open(sys.argv[1])))
+rows = list(csv.reader(opened(sys.argv[1])))
 hdr = rows[1]
 ix = {h: i for i, h in enumerate(hdr)}
 data = [r for r in rows[2:] if len(r) >= len(hdr)]

@@ -42,7 +42,7 @@ static __host__ __device__ __forceinline__ int final_at_cols(int C) {
   return w;
 }
 /* k_bwd_final_wg's flat chunk (kda_final_wg.cu): the body's tiles it reads and writes, its
- * chunk's rows of dQ, dKi (at RS floats a row) and its row count */
+ * chunk's rows of the inter-chunk dKi (at RS floats a row) and its row count */
 struct final_flat {
   const float *Gs, *dAs, *dLs, *bs, *rq, *rk;
   const sbf *qb, *kb;
