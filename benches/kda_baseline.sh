@@ -12,7 +12,8 @@
 # several sides packs kda_bench for each and the test (and the phases) only where they run.
 # SHARED=1 (with NAME): the binaries go to .devbuild/packs/kda_NAME instead of a pack of their own;
 # then `benches/kda_baseline.sh --shared` packs every side staged there into one archive,
-# .devbuild/kda_packs.tar.xz (`--shared TAG NAME...`: those sides into kda_packs_TAG.tar.xz),
+# .devbuild/kda_packs.tar.xz (`--shared TAG NAME[:BIN,BIN]...`: those sides, or only those binaries
+# of a side, into kda_packs_TAG.tar.xz),
 # which device_run.sh kda_multi unpacks first (every kda_packs*.tar.xz the call carries). The sides' binaries
 # share most of their bytes, so one archive is far smaller: five kda_bench sides (one with its
 # test) 48 MB in five packs, 12.5 MB in one (2026-12-04).
@@ -22,15 +23,24 @@ if [ "${1:-}" = --shared ]; then
   # --shared [TAG NAME...]: only the sides named, into .devbuild/kda_packs_TAG.tar.xz, so that
   # two device calls carry two archives when one would pass the 64 MiB carry limit
   [ -d .devbuild/packs ] || { echo "kda_baseline.sh --shared: nothing staged in .devbuild/packs (run it with SHARED=1 REV NAME first)" >&2; exit 2; }
-  OUTA=.devbuild/kda_packs.tar.xz SIDES=$(ls .devbuild/packs)
+  # NAME:BIN,BIN (e.g. m66:kda_bench,kda_bench_phases) packs only those of the side's binaries:
+  # builds are no longer byte-identical outside the changed kernels, so xz finds little shared
+  # between sides and a full side is ~18 MB; a side that only benches needs kda_bench (~6 MB)
+  OUTA=.devbuild/kda_packs.tar.xz SIDES=$(ls .devbuild/packs) FILES=""
   if [ $# -ge 2 ]; then
     OUTA=.devbuild/kda_packs_$2.tar.xz; shift 2; SIDES=""
-    [ $# -ge 1 ] || { echo "kda_baseline.sh --shared TAG: name the sides to pack after the tag (--shared TAG NAME...)" >&2; exit 2; }
-    for n in "$@"; do [ -d .devbuild/packs/kda_$n ] || { echo "kda_baseline.sh --shared: side '$n' is not staged (.devbuild/packs/kda_$n)" >&2; exit 2; }
-      SIDES="$SIDES kda_$n"; done
+    [ $# -ge 1 ] || { echo "kda_baseline.sh --shared TAG: name the sides to pack after the tag (--shared TAG NAME[:BIN,BIN]...)" >&2; exit 2; }
+    for a in "$@"; do n=${a%%:*}
+      [ -d .devbuild/packs/kda_$n ] || { echo "kda_baseline.sh --shared: side '$n' is not staged (.devbuild/packs/kda_$n)" >&2; exit 2; }
+      SIDES="$SIDES kda_$n"
+      case $a in *:*) FILES="$FILES kda_$n/bin/REVISION"
+        for b in $(echo "${a#*:}" | tr ',' ' '); do [ -f .devbuild/packs/kda_$n/bin/$b ] ||
+          { echo "kda_baseline.sh --shared: side '$n' has no '$b' (staged: $(ls .devbuild/packs/kda_$n/bin | tr '\n' ' '))" >&2; exit 2; }
+          FILES="$FILES kda_$n/bin/$b"; done ;;
+        *) FILES="$FILES kda_$n" ;; esac; done
   fi
-  tar -C .devbuild/packs -cf - $SIDES | xz -9 -T2 > $OUTA   # the sides by name: not "." (its mode would land on /tmp)
-  echo $SIDES; ls -la $OUTA
+  tar -C .devbuild/packs -cf - ${FILES:-$SIDES} | xz -9 -T2 > $OUTA   # by name: not "." (its mode would land on /tmp)
+  echo ${FILES:-$SIDES}; ls -la $OUTA
   # what a call carrying it would send: the tracked and untracked-not-ignored files, the bundle, it
   tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{t += $1} END {print t + 0}')
   bun=$(stat -c %s .devbuild/bundle.tar.xz 2>/dev/null || echo 0)
