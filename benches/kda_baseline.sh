@@ -14,9 +14,10 @@
 # then `benches/kda_baseline.sh --shared` packs every side staged there into one archive,
 # .devbuild/kda_packs.tar.xz (`--shared TAG NAME[:BIN,BIN]...`: those sides, or only those binaries
 # of a side, into kda_packs_TAG.tar.xz),
-# which device_run.sh kda_multi unpacks first (every kda_packs*.tar.xz the call carries). The sides' binaries
-# share most of their bytes, so one archive is far smaller: five kda_bench sides (one with its
-# test) 48 MB in five packs, 12.5 MB in one (2026-12-04).
+# which device_run.sh kda_multi unpacks first (every kda_packs*.tar.xz the call carries). When the
+# sides' binaries shared most of their bytes one archive was far smaller (2026-12-04: five
+# kda_bench sides, one with its test, 48 MB in five packs, 12.5 MB in one); on 2026-12-06 two
+# builds differed nearly everywhere and each binary cost ~6 MB packed: pack only what runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --shared ]; then
