@@ -27,21 +27,20 @@ if [ "${1:-}" = --shared ]; then
   # NAME:BIN,BIN (e.g. m66:kda_bench,kda_bench_phases) packs only those of the side's binaries:
   # builds are no longer byte-identical outside the changed kernels, so xz finds little shared
   # between sides and a full side is ~18 MB; a side that only benches needs kda_bench (~6 MB)
-  OUTA=.devbuild/kda_packs.tar.xz SIDES=$(ls .devbuild/packs) FILES=""
+  OUTA=.devbuild/kda_packs.tar.xz FILES=$(ls .devbuild/packs)
   if [ $# -ge 2 ]; then
-    OUTA=.devbuild/kda_packs_$2.tar.xz; shift 2; SIDES=""
+    OUTA=.devbuild/kda_packs_$2.tar.xz; shift 2; FILES=""
     [ $# -ge 1 ] || { echo "kda_baseline.sh --shared TAG: name the sides to pack after the tag (--shared TAG NAME[:BIN,BIN]...)" >&2; exit 2; }
     for a in "$@"; do n=${a%%:*}
       [ -d .devbuild/packs/kda_$n ] || { echo "kda_baseline.sh --shared: side '$n' is not staged (.devbuild/packs/kda_$n)" >&2; exit 2; }
-      SIDES="$SIDES kda_$n"
       case $a in *:*) FILES="$FILES kda_$n/bin/REVISION"
         for b in $(echo "${a#*:}" | tr ',' ' '); do [ -f .devbuild/packs/kda_$n/bin/$b ] ||
           { echo "kda_baseline.sh --shared: side '$n' has no '$b' (staged: $(ls .devbuild/packs/kda_$n/bin | tr '\n' ' '))" >&2; exit 2; }
           FILES="$FILES kda_$n/bin/$b"; done ;;
         *) FILES="$FILES kda_$n" ;; esac; done
   fi
-  tar -C .devbuild/packs -cf - ${FILES:-$SIDES} | xz -9 -T2 > $OUTA   # by name: not "." (its mode would land on /tmp)
-  echo ${FILES:-$SIDES}; ls -la $OUTA
+  tar -C .devbuild/packs -cf - $FILES | xz -9 -T2 > $OUTA   # by name: not "." (its mode would land on /tmp)
+  echo $FILES; ls -la $OUTA
   # what a call carrying it would send: the tracked and untracked-not-ignored files, the bundle, it
   tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{t += $1} END {print t + 0}')
   bun=$(stat -c %s .devbuild/bundle.tar.xz 2>/dev/null || echo 0)

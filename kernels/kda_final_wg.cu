@@ -23,9 +23,9 @@
  * path's sum, in another order). Why: k_bwd_final_tc is the backward's largest kernel (1249 us
  * of ~3.0 ms fwd+bwd at (8,2048,16,128) on an H100), its diagonal phase's pair loop and its
  * sixteen-row products behind a barrier each; here a warpgroup's 64 x 64 x 64 row product is
- * eight instructions reading both operands from shared memory, with no per-pair exponent. The same flat form on
- * mma.sync lost (kda_tc.cuh, CHUNK_SPAN: its whole-chunk products cost more than the per-block
- * ones and the pair loop they removed); the wgmma form wins: H100, one run against
+ * eight instructions reading both operands from shared memory, with no per-pair exponent. The
+ * same flat form on mma.sync lost (kda_tc.cuh, CHUNK_SPAN: its whole-chunk products cost more
+ * than the per-block ones and the pair loop they removed); the wgmma form wins: H100, one run against
  * KDA_KDA_FINALWG=0 (benches/results/2026-12-05s50b), the kernel 1252 -> 1029 us (ncu), fwd+bwd
  * (8,2048,16,128) 2.930-2.938 -> 2.753-2.758 ms, (1,8192,16,128) 1.780-1.786 -> 1.698-1.716. tf32,
  * not bf16: a CPU study of the flat form put bf16 operands' dg error at 2.1e-2 (the test's
