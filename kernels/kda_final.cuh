@@ -163,10 +163,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * block at (8,2048,16,128)) */
     cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
-    /* k_bwd_final_wg: the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free
-     * until the intra-chunk terms: a flat chunk's row-term epilogue reads it there (a steep
-     * chunk's diagonal phase still reads it from global memory and overwrites the tile) */
+    /* the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free until the
+     * intra-chunk terms: the diagonal phase (a flat chunk's row-term epilogue) reads it there
+     * and leaves dQ in its place */
     if constexpr (WG) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
+    else cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
@@ -260,14 +261,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       constexpr int EB = CM || !KV ? 4 : 8;
 #pragma unroll
       for (int i0 = 0; i0 < 16; i0 += EB) {
-        float dkb[EB], dq0[EB];
+        float dkb[EB];
+        if constexpr (!KBS)
 #pragma unroll
-        for (int u = 0; u < EB; u++)
-          if (I0 + i0 + u < n) {
-            int gi = (I0 + i0 + u) * RS + d;
-            dq0[u] = dQg[gi];
-            if (!KBS) dkb[u] = dKbg[gi];
-          }
+          for (int u = 0; u < EB; u++)
+            if (I0 + i0 + u < n) dkb[u] = dKbg[(I0 + i0 + u) * RS + d];
 #pragma unroll
         for (int u = 0; u < EB; u++) {
           int i = i0 + u;
@@ -275,7 +273,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int gi = (I0 + i) * RS + d;
           float eg = kexp(Gs[T(I0 + i, d)]),
                 dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
-          float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
+          float dq = p.scale * dGs[T(I0 + i, d)] * eg;   /* the inter-chunk dQ: s (dO S0^T) e^G */
           /* dQ, in the dG tile until the R terms (the row terms add into it there; the R terms
            * read it for dq's l2-norm backward and form dG = q dQ - k dKi + k b R'): it went out
            * to global memory here, was read back and rewritten by the row terms and read again by
