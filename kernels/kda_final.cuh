@@ -122,9 +122,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     float f = r[i];
     return make_float4(a.x * f, a.y * f, b.x * f, b.y * f);
   };
-  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
-   * (smem_final_tc_compact) */
-  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + C - i : dLs + i * CS; };
+  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + ceil4(C-i) + j]
+   * (smem_final_tc_compact; 16-byte aligned for the staging's copies) */
+  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + ((C - i + 3) & ~3) : dLs + i * CS; };
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
@@ -147,13 +147,26 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
       cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     }
-    if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
-      for (int e = tid; e < C * C; e += BT) {
-        int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
-        bool ok = i < n;
-        cp_async4(dAs + r * CS + c, ok ? (c <= r ? dA0 + (r * RC + c) : dL0 + (i * RC + c - r - 1)) : w.dA, ok);
+    if constexpr (CM) {
+      /* row r: dA[r][0..r] from column 0, dL[i][0..i-1] (i = C-1-r) from column ceil4(r + 1)
+       * (dl_row), both in 16-byte copies: S = C/4 + 1 chunks a row hold both parts (r = 4a + b:
+       * a + 1 of dA, C/4 - a - [b = 3] of dL). A part's last chunk may carry entries past its
+       * triangle (dA[r][j > r], dL[i][j >= i]), into columns no reader takes. It was a 4-byte
+       * copy an element: 16 a thread, each with its index division (5.6% of the kernel's
+       * instructions at (32,512,4,64), ncu s58a) */
+      const int S = C / 4 + 1;
+      for (int e = tid; e < C * S; e += BT) {
+        const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
+        if (s < na) {
+          const bool ok = r < n;
+          cp_async16(dAs + r * CS + 4 * s, ok ? dA0 + (r * RC + 4 * s) : w.dA, ok);
+        } else if (4 * (s - na) < i) {
+          const int j = 4 * (s - na);
+          const bool ok = i < n;
+          cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : w.dA, ok);
+        }
       }
-    else {
+    } else {
       cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
       cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
     }
