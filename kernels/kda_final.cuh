@@ -482,21 +482,29 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * at row offset sx + 32 u */
   const int sx = WG ? lane ^ fsw_mask(wp) : 0;
   auto TR = [&](int i, int d) { return WG ? (i << 7) + sx + (d - lane) : T(i, d); };
-  for (int i = wp; i < n; i += BT / 32) {
-    float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
-    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
+  /* LW lanes a row: 16 at the compiled K = 64 (a lane's 4 columns ln + 16 u), two rows a warp
+   * with their loads in flight together; at 32 lanes a row half of them idled and a warp's
+   * rows waited one after another on their global loads (dKb, dKi) */
+  constexpr int LW = KV == 64 ? 16 : 32, RW = 32 / LW;
+  const int ln = lane % LW;
+  auto rsum = [](float v) { return LW == 32 ? kc_warp_sum(v) : lane_group_sum<LW>(v); };
+  for (int i0 = wp * RW; i0 < n; i0 += (BT / 32) * RW) {
+    const int i = i0 + lane / LW;
+    const bool live = i < n;
+    float acc = 0, b = live ? bs[i] : 0.f, dot = 0, dotq = 0, y[4], yq[4];
+    for (int d0 = ln; d0 < K; d0 += 4 * LW) {      /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
+        int d = d0 + LW * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
-        if (dk_out && d < K) yq[u] = dw[u];        /* the dG tile holds dQ until here */
+        if (live && d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
+        if (dk_out && live && d < K) yq[u] = dw[u];   /* the dG tile holds dQ until here */
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
-        if (d >= K) break;
+        int d = d0 + LW * u;
+        if (!live || d >= K) break;
         int gi = i * RS + d;
         float kn = kv(i, d);
         y[u] = dk[u] + b * R[u];
@@ -508,15 +516,15 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         acc += kn * R[u];
       }
     }
-    acc = kc_warp_sum(acc);
-    if (!lane) dbi[i] += acc;
+    acc = rsum(acc);
+    if (!ln && live) dbi[i] += acc;
     if (dk_out) {
       const int gi0 = i * RS;
-      float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
+      float fk = live ? rk[i] : 0.f, ck = fk * fk * fk * rsum(dot), fq = live ? rq[i] : 0.f, cq = fq * fq * fq * rsum(dotq);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = lane + 32 * u;
-        if (d >= K) break;
+        int d = ln + LW * u;
+        if (!live || d >= K) break;
         stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
         stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
       }
