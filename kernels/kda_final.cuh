@@ -317,19 +317,18 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
      * C + 32). The previous barrier (after the diagonal blocks) and the one below order X and
      * dG. */
-    /* The fast form's operands are rounded to tf32 where written (X, and the wide layout's dA, dL
-     * in place once the diagonal blocks have read them at fp32) and the products take them by
-     * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
-     * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
-     * keep mma_blk4 in the row terms. The column terms' A (dA, dL transposed: ldmatrix cannot
-     * transpose 32-bit values) is staged per group into At (final_at_cols), in both layouts (LDC;
-     * the compact one rounds it there, its dA, dL tile staying fp32). The compact form's column
-     * terms by mma_blk4 before: H200, one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4
-     * -> 47.6 us (its column products 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 ->
-     * 0.443 ms, (8,512,4,64) 0.145 -> 0.144 */
-    constexpr bool LDM = !PR && !CM, LDC = !PR;
+    /* The fast form's operands are rounded to tf32 where written (X, and dA, dL in place once
+     * the diagonal blocks have read them at fp32) and the products take them by ldmatrix
+     * (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in the same
+     * k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile) go to
+     * ldmatrix by a row pointer each (tftp: their runs start 16-byte aligned, dl_row). The
+     * column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit values) is staged per
+     * group into At (final_at_cols). The compact form's column terms by mma_blk4 before: H200,
+     * one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4 -> 47.6 us (its column products
+     * 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 -> 0.443 ms, (8,512,4,64) 0.145 ->
+     * 0.144 */
+    constexpr bool LDM = !PR;
     auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
-    auto rnd4c = [](float4 v) { return LDC ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
     const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
     auto xo = [](int I) { return 8 * I * (I - 1); };
     for (int I = 1; I < nI; I++) {
@@ -344,7 +343,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
     if constexpr (LDM)                                /* dA, dL from here MMA operands only (tf32) */
-      for (int e = tid; e < 2 * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
+      for (int e = tid; e < (CM ? 1 : 2) * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
     __syncthreads();
     PH(3);
     for (int I = 1; I < nI; I++) {
@@ -382,8 +381,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           }
         return pf;
       };
-      if constexpr (LDM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
+      if constexpr (LDM && !CM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
         mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, dLs + r * CS, CS, 16, 32}, xb, epi, pre);
+      else if constexpr (LDM) {   /* the compact tile: dA's rows, then dL's (reversed, each from its own column) */
+        auto rowp = [&](int ii) { return ii < 16 ? dAs + (r + ii) * CS : dl_row(r + ii - 16); };
+        mma_tf(32, K16, r, tftp<decltype(rowp)>{rowp}, xb, epi, pre);
+      }
       else
         mma_blk4<PT>(
             32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; }, xb,
@@ -409,17 +412,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
                    qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
             float b = bs[i];
             float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
-            x0 = rnd4c(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
-            x1 = rnd4c(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
+            x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+            x1 = rnd4(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
           }
           *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
         }
-        if (LDC)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+        if (LDM)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
           for (int e = tid; e < 32 * m16; e += BT) {
             int k = e >> 4, jj = e & 15, j = 16 * J + jj;
             float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
                               : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
-            At[aoff + jj * (2 * m16 + 4) + k] = LDM ? a : tf32r(a);   /* LDM: dA, dL already tf32 */
+            At[aoff + jj * (2 * m16 + 4) + k] = a;   /* tf32 already (LDM) */
           }
       }
       __syncthreads();
@@ -454,7 +457,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
             }
           return pf;
         };
-        if (LDC) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
+        if (LDM) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
         else
           mma_blk4<PT>(16, K16, 2 * m16,
                        [&](int jj, int k) {
