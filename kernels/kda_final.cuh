@@ -122,9 +122,9 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     float f = r[i];
     return make_float4(a.x * f, a.y * f, b.x * f, b.y * f);
   };
-  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + C-i+j]
-   * (smem_final_tc_compact) */
-  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + C - i : dLs + i * CS; };
+  /* dL's row i (entries j < i): CM, in dA's tile, dl_row(i)[j] = dAs[(C-1-i) CS + ceil4(C-i) + j]
+   * (smem_final_tc_compact; 16-byte aligned for the staging's copies) */
+  auto dl_row = [&](int i) -> const float * { return CM ? dAs + (C - 1 - i) * CS + ((C - i + 3) & ~3) : dLs + i * CS; };
   /* the chunk's rows of the [T, HV, K] gradient scratch: row i, column d at i RS + d from its
    * first element, in 32-bit offsets (64-bit index products per element loaded the integer
    * pipe, this kernel's busiest: ncu ALU 35.8%) */
@@ -147,13 +147,26 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
       cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     }
-    if constexpr (CM)                               /* row r: dA[r][0..r], then dL[C-1-r][0..C-2-r] */
-      for (int e = tid; e < C * C; e += BT) {
-        int r = e / C, c = e % C, i = c <= r ? r : C - 1 - r;
-        bool ok = i < n;
-        cp_async4(dAs + r * CS + c, ok ? (c <= r ? dA0 + (r * RC + c) : dL0 + (i * RC + c - r - 1)) : w.dA, ok);
+    if constexpr (CM) {
+      /* row r: dA[r][0..r] from column 0, dL[i][0..i-1] (i = C-1-r) from column ceil4(r + 1)
+       * (dl_row), both in 16-byte copies: S = C/4 + 1 chunks a row hold both parts (r = 4a + b:
+       * a + 1 of dA, C/4 - a - [b = 3] of dL). A part's last chunk may carry entries past its
+       * triangle (dA[r][j > r], dL[i][j >= i]), into columns no reader takes. It was a 4-byte
+       * copy an element: 16 a thread, each with its index division (5.6% of the kernel's
+       * instructions at (32,512,4,64), ncu s58a) */
+      const int S = C / 4 + 1;
+      for (int e = tid; e < C * S; e += BT) {
+        const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
+        if (s < na) {
+          const bool ok = r < n;
+          cp_async16(dAs + r * CS + 4 * s, ok ? dA0 + (r * RC + 4 * s) : w.dA, ok);
+        } else if (4 * (s - na) < i) {
+          const int j = 4 * (s - na);
+          const bool ok = i < n;
+          cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : w.dA, ok);
+        }
       }
-    else {
+    } else {
       cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
       cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
     }
@@ -163,10 +176,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * block at (8,2048,16,128)) */
     cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
     cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
-    /* k_bwd_final_wg: the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free
-     * until the intra-chunk terms: a flat chunk's row-term epilogue reads it there (a steep
-     * chunk's diagonal phase still reads it from global memory and overwrites the tile) */
+    /* the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free until the
+     * intra-chunk terms: the diagonal phase (a flat chunk's row-term epilogue) reads it there
+     * and leaves dQ in its place */
     if constexpr (WG) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
+    else cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
@@ -260,14 +274,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       constexpr int EB = CM || !KV ? 4 : 8;
 #pragma unroll
       for (int i0 = 0; i0 < 16; i0 += EB) {
-        float dkb[EB], dq0[EB];
+        float dkb[EB];
+        if constexpr (!KBS)
 #pragma unroll
-        for (int u = 0; u < EB; u++)
-          if (I0 + i0 + u < n) {
-            int gi = (I0 + i0 + u) * RS + d;
-            dq0[u] = dQg[gi];
-            if (!KBS) dkb[u] = dKbg[gi];
-          }
+          for (int u = 0; u < EB; u++)
+            if (I0 + i0 + u < n) dkb[u] = dKbg[(I0 + i0 + u) * RS + d];
 #pragma unroll
         for (int u = 0; u < EB; u++) {
           int i = i0 + u;
@@ -275,7 +286,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           int gi = (I0 + i) * RS + d;
           float eg = kexp(Gs[T(I0 + i, d)]),
                 dki = Xd[(I0 + i) * XS + d];     /* reloaded: gr, kr die after the pair loop */
-          float dq = p.scale * dq0[u] * eg;          /* the inter-chunk dQ: s (dO S0^T) e^G */
+          float dq = p.scale * dGs[T(I0 + i, d)] * eg;   /* the inter-chunk dQ: s (dO S0^T) e^G */
           /* dQ, in the dG tile until the R terms (the row terms add into it there; the R terms
            * read it for dq's l2-norm backward and form dG = q dQ - k dKi + k b R'): it went out
            * to global memory here, was read back and rewritten by the row terms and read again by
@@ -306,19 +317,18 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * k_j e^{G_r - G_j} in X's rows xo(I) = 8 I (I - 1) .. + r (96 rows in all at C = 64: X's
      * C + 32). The previous barrier (after the diagonal blocks) and the one below order X and
      * dG. */
-    /* The fast form's operands are rounded to tf32 where written (X, and the wide layout's dA, dL
-     * in place once the diagonal blocks have read them at fp32) and the products take them by
-     * ldmatrix (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in
-     * the same k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile)
-     * keep mma_blk4 in the row terms. The column terms' A (dA, dL transposed: ldmatrix cannot
-     * transpose 32-bit values) is staged per group into At (final_at_cols), in both layouts (LDC;
-     * the compact one rounds it there, its dA, dL tile staying fp32). The compact form's column
-     * terms by mma_blk4 before: H200, one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4
-     * -> 47.6 us (its column products 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 ->
-     * 0.443 ms, (8,512,4,64) 0.145 -> 0.144 */
-    constexpr bool LDM = !PR && !CM, LDC = !PR;
+    /* The fast form's operands are rounded to tf32 where written (X, and dA, dL in place once
+     * the diagonal blocks have read them at fp32) and the products take them by ldmatrix
+     * (mma_tf) instead of a scalar load and a cvt each (mma_blk4): the same values in the same
+     * k order, so the same sums. The compact layout's dL rows (reversed, in dA's tile) go to
+     * ldmatrix by a row pointer each (tftp: their runs start 16-byte aligned, dl_row). The
+     * column terms' A (dA, dL transposed: ldmatrix cannot transpose 32-bit values) is staged per
+     * group into At (final_at_cols). The compact form's column terms by mma_blk4 before: H200,
+     * one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4 -> 47.6 us (its column products
+     * 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 -> 0.443 ms, (8,512,4,64) 0.145 ->
+     * 0.144 */
+    constexpr bool LDM = !PR;
     auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
-    auto rnd4c = [](float4 v) { return LDC ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
     const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
     auto xo = [](int I) { return 8 * I * (I - 1); };
     for (int I = 1; I < nI; I++) {
@@ -333,7 +343,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
     if constexpr (LDM)                                /* dA, dL from here MMA operands only (tf32) */
-      for (int e = tid; e < 2 * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
+      for (int e = tid; e < (CM ? 1 : 2) * C * CS / 4; e += BT) *(float4 *)(dAs + 4 * e) = rnd4(*(const float4 *)(dAs + 4 * e));
     __syncthreads();
     PH(3);
     for (int I = 1; I < nI; I++) {
@@ -371,8 +381,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
           }
         return pf;
       };
-      if constexpr (LDM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
+      if constexpr (LDM && !CM)   /* rows 0-15 dA's, 16-31 dL's (M = 32: the third range is never read) */
         mma_tf(32, K16, r, tft3{dAs + r * CS, dLs + r * CS, dLs + r * CS, CS, 16, 32}, xb, epi, pre);
+      else if constexpr (LDM) {   /* the compact tile: dA's rows, then dL's (reversed, each from its own column) */
+        auto rowp = [&](int ii) { return ii < 16 ? dAs + (r + ii) * CS : dl_row(r + ii - 16); };
+        mma_tf(32, K16, r, tftp<decltype(rowp)>{rowp}, xb, epi, pre);
+      }
       else
         mma_blk4<PT>(
             32, K16, r, [&](int ii, int j) { return ii < 16 ? dAs[(r + ii) * CS + j] : dl_row(r + ii - 16)[j]; }, xb,
@@ -398,17 +412,17 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
                    qi = v4(qb, rq, i, d), ki = v4(kb, rk, i, d);
             float b = bs[i];
             float4 sc = make_float4(kexp(gi.x - gr.x), kexp(gi.y - gr.y), kexp(gi.z - gr.z), kexp(gi.w - gr.w));
-            x0 = rnd4c(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
-            x1 = rnd4c(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
+            x0 = rnd4(make_float4(qi.x * sc.x, qi.y * sc.y, qi.z * sc.z, qi.w * sc.w));
+            x1 = rnd4(make_float4(b * ki.x * sc.x, b * ki.y * sc.y, b * ki.z * sc.z, b * ki.w * sc.w));
           }
           *(float4 *)(XJ + ii * XS + d) = x0, *(float4 *)(XJ + (m16 + ii) * XS + d) = x1;
         }
-        if (LDC)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
+        if (LDM)                                      /* A_J = [dA^T | dL^T] of rows i > r', tf32 */
           for (int e = tid; e < 32 * m16; e += BT) {
             int k = e >> 4, jj = e & 15, j = 16 * J + jj;
             float a = k < m16 ? (k < mrow ? dAs[(rp + 1 + k) * CS + j] : 0.f)
                               : (k - m16 < mrow ? dl_row(rp + 1 + k - m16)[j] : 0.f);
-            At[aoff + jj * (2 * m16 + 4) + k] = LDM ? a : tf32r(a);   /* LDM: dA, dL already tf32 */
+            At[aoff + jj * (2 * m16 + 4) + k] = a;   /* tf32 already (LDM) */
           }
       }
       __syncthreads();
@@ -443,7 +457,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
             }
           return pf;
         };
-        if (LDC) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
+        if (LDM) mma_tf(16, K16, 2 * m16, tft{At + aoff, 2 * m16 + 4}, xb, epi, pre);
         else
           mma_blk4<PT>(16, K16, 2 * m16,
                        [&](int jj, int k) {
@@ -471,21 +485,29 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * at row offset sx + 32 u */
   const int sx = WG ? lane ^ fsw_mask(wp) : 0;
   auto TR = [&](int i, int d) { return WG ? (i << 7) + sx + (d - lane) : T(i, d); };
-  for (int i = wp; i < n; i += BT / 32) {
-    float acc = 0, b = bs[i], dot = 0, dotq = 0, y[4], yq[4];
-    for (int d0 = lane; d0 < K; d0 += 128) {        /* 4 columns' loads in flight, same order */
+  /* LW lanes a row: 16 at the compiled K = 64 (a lane's 4 columns ln + 16 u), two rows a warp
+   * with their loads in flight together; at 32 lanes a row half of them idled and a warp's
+   * rows waited one after another on their global loads (dKb, dKi) */
+  constexpr int LW = KV == 64 ? 16 : 32, RW = 32 / LW;
+  const int ln = lane % LW;
+  auto rsum = [](float v) { return LW == 32 ? kc_warp_sum(v) : lane_group_sum<LW>(v); };
+  for (int i0 = wp * RW; i0 < n; i0 += (BT / 32) * RW) {
+    const int i = i0 + lane / LW;
+    const bool live = i < n;
+    float acc = 0, b = live ? bs[i] : 0.f, dot = 0, dotq = 0, y[4], yq[4];
+    for (int d0 = ln; d0 < K; d0 += 4 * LW) {      /* 4 columns' loads in flight, same order */
       float R[4], dk[4], dw[4];
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
+        int d = d0 + LW * u;
         int gi = i * RS + d;
-        if (d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
-        if (dk_out && d < K) yq[u] = dw[u];        /* the dG tile holds dQ until here */
+        if (live && d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
+        if (dk_out && live && d < K) yq[u] = dw[u];   /* the dG tile holds dQ until here */
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = d0 + 32 * u;
-        if (d >= K) break;
+        int d = d0 + LW * u;
+        if (!live || d >= K) break;
         int gi = i * RS + d;
         float kn = kv(i, d);
         y[u] = dk[u] + b * R[u];
@@ -497,15 +519,15 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         acc += kn * R[u];
       }
     }
-    acc = kc_warp_sum(acc);
-    if (!lane) dbi[i] += acc;
+    acc = rsum(acc);
+    if (!ln && live) dbi[i] += acc;
     if (dk_out) {
       const int gi0 = i * RS;
-      float fk = rk[i], ck = fk * fk * fk * kc_warp_sum(dot), fq = rq[i], cq = fq * fq * fq * kc_warp_sum(dotq);
+      float fk = live ? rk[i] : 0.f, ck = fk * fk * fk * rsum(dot), fq = live ? rq[i] : 0.f, cq = fq * fq * fq * rsum(dotq);
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        int d = lane + 32 * u;
-        if (d >= K) break;
+        int d = ln + LW * u;
+        if (!live || d >= K) break;
         stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
         stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
       }

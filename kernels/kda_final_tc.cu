@@ -14,8 +14,8 @@ size_t smem_final_tc(int64_t C, int64_t K) {   /* the wide layout: X's rows of r
          (size_t)2 * C * (r16(K) + 8) * 2 + (size_t)(C * KS + 16 * final_at_cols((int)C)) * 4;
 }
 /* The compact layout (CM) for small heads: dA (lower triangle and diagonal) and dL (strictly
- * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries fill
- * columns C-i .. C-1 exactly); dKb stays in global memory. K = 64, chunk 64: 104.7 KB (98.2
+ * lower) share one [C][CS] tile, dL's row i in the upper part of row C-1-i (its i entries from
+ * column ceil4(C-i), at most C + 3 = CS - 1); dKb stays in global memory. K = 64, chunk 64: 104.7 KB (98.2
  * without the column terms' A tiles, when those read dA's tile by mma_blk4) instead of 141.2,
  * two blocks an SM at 256 threads (128 registers). */
 size_t smem_final_tc_compact(int64_t C, int64_t K) {   /* no dL, dKb tiles; X's rows of KS */

@@ -335,6 +335,14 @@ struct tft3 {
 static __device__ __forceinline__ const float *tft3_row(const tft3 &A, int r) {
   return r < A.s1 ? A.p0 + r * A.ld : r < A.s2 ? A.p1 + (r - A.s1) * A.ld : A.p2 + (r - A.s2) * A.ld;
 }
+/* an A operand whose rows lie anywhere in shared memory: row(r) points at row r's first
+ * element, each row's four-float runs 16-byte aligned (the compact final kernel's reversed dL
+ * rows, kda_final.cuh) */
+template <class F> struct tftp {
+  F row;
+};
+template <class T> struct is_tftp : std::false_type {};
+template <class F> struct is_tftp<tftp<F>> : std::true_type {};
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
 /* t[0 .. count) <- tf32r(t[..]), four floats a thread at a time (t 16-byte aligned, count % 4 == 0) */
 static __device__ __forceinline__ void tf32r_tile(float *t, int count) {
@@ -370,7 +378,10 @@ static __device__ __forceinline__ void mma_tf2(int M, int N, FA0 A0, FB0 B0, int
           if constexpr (std::is_same<TA, tft>::value) ldsm_tf32_a(a, A.p, A.ld, r0, k0, lane);
           else if constexpr (std::is_same<TA, tft3>::value)
             ldsm_tf32_a(a, tft3_row(A, r0) - r0 * A.ld, A.ld, r0, k0, lane);
-          else {
+          else if constexpr (is_tftp<TA>::value) {   /* ldsm_tf32_a's lanes, a row pointer each */
+            const int i = lane >> 3;
+            ldmatrix_x4(a, (const __nv_bfloat16 *)(A.row(r0 + (lane & 7) + (i & 1) * 8) + k0 + (i >> 1) * 4));
+          } else {
             a[0] = __float_as_uint(A(r0 + g, k0 + t)), a[1] = __float_as_uint(A(r0 + g + 8, k0 + t));
             a[2] = __float_as_uint(A(r0 + g, k0 + t + 4)), a[3] = __float_as_uint(A(r0 + g + 8, k0 + t + 4));
           }
