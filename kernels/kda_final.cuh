@@ -326,7 +326,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * group into At (final_at_cols). The compact form's column terms by mma_blk4 before: H200,
      * one run (2026-12-02s30e), at (8,512,4,64) this kernel 50.4 -> 47.6 us (its column products
      * 13.5k -> 6.4k cycles a block), graph (32,512,4,64) 0.450 -> 0.443 ms, (8,512,4,64) 0.145 ->
-     * 0.144 */
+     * 0.144. The compact row terms by tftp, with the compact staging in 16-byte copies, dQ0 in the
+     * dG tile and the K = 64 R terms two rows a warp (the forty-fifth pass's stack): H100, one
+     * run, three rounds against the kernels before (2026-12-06s59a), at (32,512,4,64) the row
+     * products 9.9k -> 6.9k cycles a block, the kernel 66.1k -> 63.5k (162.6 -> 153.7 us, ncu),
+     * graph fwd+bwd 0.437-0.439 -> 0.433-0.437 ms, (8,512,4,64) 0.131 -> 0.129-0.130 */
     constexpr bool LDM = !PR;
     auto rnd4 = [](float4 v) { return LDM ? make_float4(tf32r(v.x), tf32r(v.y), tf32r(v.z), tf32r(v.w)) : v; };
     const int nI = (n + 15) / 16;                     /* blocks with rows; I < nI have row terms */
