@@ -114,24 +114,10 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
       }
   }
 }
-/* the same sums from bf16 tiles (the fast variant's S0, dS, rows of VB, zero past V), a lane two
- * adjacent columns at a time */
-static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int chunk, int64_t h, const sbf *S0,
-                                                  const sbf *dS, int VB) {
-  int lane = threadIdx.x & 31;
-  for (int d = threadIdx.x >> 5; d < p.K; d += BT / 32) {
-    float acc = 0.f;
-    for (int c = 2 * lane; c < p.V; c += 64) {
-      float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(S0 + d * VB + c));
-      float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(dS + d * VB + c));
-      acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    }
-    acc = kc_warp_sum(acc);
-    if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * p.K + d] = acc;
-  }
-}
 /* lay: the host's layout choice, ROWS_SEP (precise: dS in a tile of its own), ROWS_VN (fast: Vn
- * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy) */
+ * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy), ROWS_FR (fast: the final
+ * kernel forms dQ, dKi and dgn itself, k_bwd_final_fr: this kernel stages no dS and forms only
+ * dW and dA, the mat kernel's) */
 template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int lay, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
@@ -160,7 +146,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     /* dvf: dVn from its fp32 copy (the two-tile-set reverse sweep writes no bf16 one: its steps
      * are the long sequential chain of the shapes it serves), staged into an fp32 tile [C][VS]
      * and turned bf16 in place (pitch 2 VS) */
-    const bool vnx = lay & ROWS_VN, dvf = lay & ROWS_DVF;
+    const bool vnx = lay & ROWS_VN, dvf = lay & ROWS_DVF, fr = lay & ROWS_FR;
     const int DV = dvf ? 2 * VS : VB;              /* dVn's bf16 pitch */
     sbf *dVn = (sbf *)sm, *S0 = dvf ? (sbf *)(sm + C * VS) : dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
     sbf *Vn = vnx ? dO + C * VB : dVn;
@@ -169,7 +155,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     if (dvf) cp_tile_f32(sm, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
     else cp_tile_bf16(dVn, VB, C, V16, n, V, w.dvnb, t0, HV, h);
     cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
-    cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
+    if (!fr) cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
     if (vnx) {
       cp_async_commit();
       cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
@@ -178,13 +164,13 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     } else cp_async_wait_all();
     __syncthreads();
     PH(0);
-    rows_dgn_b(p, w, cb, h, S0, dS, VB);
+    if (!fr) dgn_rows_b(w.dgn + sr, K, V, S0, dS, VB);
     if (dvf) {
       rows_to_bf16(sm, C, VS, V16);
       __syncthreads();
     }
     PH(1);
-    mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
+    if (!fr) mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));   /* dQ = dO S0^T */
     PH(2);
     mma_ldm<NPB>(C, K16, bt{dVn, DV, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
     if (!vnx) {
@@ -194,7 +180,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_async_wait_all();
     __syncthreads();
     PH(3);
-    mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
+    if (!fr) mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
     /* dA = s tril(dO Vn^T) (bf16), the fast mat kernel's before: both operands are staged here
      * already (the same bf16 tiles, the same k order: the same dA), and the mat kernel then
      * stages neither */
