@@ -365,6 +365,9 @@ typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const 
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
+/* the fast compact K = V = 64 form forming dW itself (kda_tc_bwd.cu's MW: beside
+ * k_bwd_final_fr no rows kernel runs); smem_mat_tc_compact's bytes */
+mat_tc_fn k_bwd_mat_mw_ptr(void);
 /* the fast mat kernel at K = V = 128 in three staging rounds, two blocks an SM (kda_mat_halves.cu) */
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);

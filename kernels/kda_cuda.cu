@@ -400,7 +400,7 @@ static void preload_kernels(int kv) {
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
         ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
-  if (kv == 64) ld((const void *)k_bwd_final_fr_ptr());
+  if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
     ld((const void *)k_fwd_flow_ps_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
@@ -513,15 +513,21 @@ static int use_compact(size_t wide, size_t compact) {
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
 }
-/* The final kernel forming the rows kernel's dQ0, dKi0, dgn and dA itself (kda_final.cuh's FR,
- * k_bwd_final_fr; the rows kernel then forms only dW and dA: ROWS_FR) where the fast compact
- * final kernel runs at the compiled K = V = 64 and the rows kernel alone (not in the flow
- * kernel); its bf16 operands (36 KB) fit X and dA's room there (43.5 KB). KDA_KDA_FR=0 turns it
- * off (read per call: test_kda_cuda holds it bit for bit to the separate products) */
-static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
+/* The rows kernel's products formed where they are read, at the compiled K = V = 64 where the
+ * fast compact final kernel runs and the rows kernel would run alone (not in the flow kernel):
+ * 1, the final kernel forms dQ0, dKi0, dgn and dA itself (kda_final.cuh's FR, k_bwd_final_fr;
+ * its bf16 operands, 36 KB, fit X and dA's room there, 43.5 KB) and the rows kernel forms dW
+ * alone (ROWS_FR); 2, where the reverse sweep wrote dVn's bf16 copy (!dvf) and the mat kernel
+ * runs compact, that forms dW too (kda_tc_bwd.cu's MW, k_bwd_mat_mw) and no rows kernel runs.
+ * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
+ * the rows kernel's products) */
+static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow, int dvf) {
   const char *e = getenv("KDA_KDA_FR");
-  return !prec && kv == 64 && !flow && use_compact(smem_final_tc(a->chunk, a->K), smem_final_tc_compact(a->chunk, a->K)) &&
-         !(e && strcmp(e, "0") == 0);
+  int cap = e && *e ? atoi(e) : 2;
+  if (prec || kv != 64 || flow || cap < 1 ||
+      !use_compact(smem_final_tc(a->chunk, a->K), smem_final_tc_compact(a->chunk, a->K)))
+    return 0;
+  return cap >= 2 && !dvf && use_compact(smem_mat_tc(a->chunk, a->K, a->V), smem_mat_tc_compact(a->chunk, a->K, a->V)) ? 2 : 1;
 }
 /* The fast mat kernel in three staging rounds, two blocks an SM (kda_mat_halves.cu), at the
  * compiled K = V = 128 (chunk 64); KDA_KDA_MATH=0 turns it off (read per call) */
@@ -890,7 +896,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    const int fr = use_final_fr(a, prec, kv, flow);
+    const int fr = use_final_fr(a, prec, kv, flow, dvf);
     if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();
@@ -937,7 +943,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     }
     if (!flow) {
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-      if (use_rows_wg(prec, kv, lay, dout)) {
+      if (fr == 2) {                               /* no rows kernel: final and mat form its products */
+      } else if (use_rows_wg(prec, kv, lay, dout)) {
         auto krg = k_bwd_rows_wg_ptr();
         if (smem_opt_in((const void *)krg, smem_rows_wg(), a, op, "k_bwd_rows_wg")) return -1;
         if (carveout_max((const void *)krg, a, op)) return -1;
@@ -959,6 +966,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const int mwg = use_mat_wg(mh);
     if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
     if (mwg) kmt = k_bwd_mat_wg_ptr(), sm = smem_mat_wg();
+    if (fr == 2) kmt = k_bwd_mat_mw_ptr();         /* mcm: smem_mat_tc_compact's bytes */
     if (smem_opt_in((const void *)kmt, sm, a, op,
                     prec ? "k_bwd_mat_tc_p" : mwg ? "k_bwd_mat_wg" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc"))
       return -1;
