@@ -517,17 +517,17 @@ static int use_compact(size_t wide, size_t compact) {
  * fast compact final kernel runs and the rows kernel would run alone (not in the flow kernel):
  * 1, the final kernel forms dQ0, dKi0, dgn and dA itself (kda_final.cuh's FR, k_bwd_final_fr;
  * its bf16 operands, 36 KB, fit X and dA's room there, 43.5 KB) and the rows kernel forms dW
- * alone (ROWS_FR); 2, where the reverse sweep wrote dVn's bf16 copy (!dvf) and the mat kernel
- * runs compact, that forms dW too (kda_tc_bwd.cu's MW, k_bwd_mat_mw) and no rows kernel runs.
+ * alone (ROWS_FR); 2, where the mat kernel runs compact, that forms dW too (kda_tc_bwd.cu's
+ * MW, k_bwd_mat_mw) and no rows kernel runs.
  * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
  * the rows kernel's products) */
-static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow, int dvf) {
+static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
   const char *e = getenv("KDA_KDA_FR");
   int cap = e && *e ? atoi(e) : 2;
   if (prec || kv != 64 || flow || cap < 1 ||
       !use_compact(smem_final_tc(a->chunk, a->K), smem_final_tc_compact(a->chunk, a->K)))
     return 0;
-  return cap >= 2 && !dvf && use_compact(smem_mat_tc(a->chunk, a->K, a->V), smem_mat_tc_compact(a->chunk, a->K, a->V)) ? 2 : 1;
+  return cap >= 2 && use_compact(smem_mat_tc(a->chunk, a->K, a->V), smem_mat_tc_compact(a->chunk, a->K, a->V)) ? 2 : 1;
 }
 /* The fast mat kernel in three staging rounds, two blocks an SM (kda_mat_halves.cu), at the
  * compiled K = V = 128 (chunk 64); KDA_KDA_MATH=0 turns it off (read per call) */
@@ -896,7 +896,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    const int fr = use_final_fr(a, prec, kv, flow, dvf);
+    const int fr = use_final_fr(a, prec, kv, flow);
     if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();

@@ -318,9 +318,11 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
 }
 /* MW (the fast compact K = V = 64 form beside k_bwd_final_fr, k_bwd_mat_mw): dW = -dVn S0^T
  * formed here, where the rows kernel formed it (ROWS_FR left it nothing else, so none runs):
- * its bf16 operands, the reverse sweep's dVn copy and S0's, staged into the precise variant's
- * dO tile and the dM region (both free until dM is formed) instead of the fp32 dW; the rows
- * kernel's product tile for tile, the same values */
+ * S0's bf16 copy staged into the dM region (free until dM is formed) instead of the fp32 dW,
+ * and dVn's bf16 operand rounded (RN) from the fp32 tile staged anyway into the precise
+ * variant's dO tile, the values of the reverse sweep's bf16 copy (or of the rows kernel's own
+ * rounding after the two-tile-set sweep, which writes none). The rows kernel's product tile for
+ * tile, the same values */
 template <bool PR, bool CM, int KV, int NF, bool MW = false>   /* NF: as bwd_final_tc's */
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
   static_assert(!MW || (!PR && CM && KV == 64), "MW: the fast compact K = V = 64 form");
@@ -358,10 +360,9 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
   sbf *dVb = dO, *S0b = (sbf *)dM;                 /* MW's operands */
-  if constexpr (MW) {
-    cp_tile_bf16(dVb, VB, C, V16, n, V, w.dvnb, t0, HV, h);
+  if constexpr (MW)
     cp_tile_bf16(S0b, VB, K16, V16, (int)K, V, w.h, ((int64_t)blockIdx.x * HV + h) * K, 1, 0);
-  } else
+  else
     cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
   cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
   for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
@@ -385,6 +386,13 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_async_wait_all();
   __syncthreads();                                 /* the rest landed; every warp done with VnF before dM overwrites it */
   if constexpr (MW) {                              /* dW = -dVn S0^T, as the rows kernel stored it */
+    for (int e = threadIdx.x; e < C * V16 / 4; e += BT) {   /* dVn's bf16 operand, four columns at a time */
+      const int i = e / (V16 / 4), c = 4 * (e % (V16 / 4));
+      const float4 x = *(const float4 *)(dVs + i * VS + c);
+      __nv_bfloat162 *o = (__nv_bfloat162 *)(dVb + i * VB + c);
+      o[0] = __floats2bfloat162_rn(x.x, x.y), o[1] = __floats2bfloat162_rn(x.z, x.w);
+    }
+    __syncthreads();
     mma_ldm<NPB>(C, K16, bt{dVb, VB, 1}, bt{S0b, VB, 1}, V16, bt{}, bt{}, 0,
                  pairs2([&](int i, int d, float x0, float x1) { *(float2 *)(dWs + i * KS + d) = make_float2(-x0, -x1); }));
     __syncthreads();

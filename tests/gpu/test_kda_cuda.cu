@@ -442,10 +442,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     /* the rows kernel's products formed where they are read (kda_cuda.cu use_final_fr: the
      * fast compact K = V = 64 forms, on by default where they run): the final kernel's dQ0, dKi0,
      * dgn, dA with the rows kernel's dW (KDA_KDA_FR=1), and with the mat kernel's dW and no rows
-     * kernel (=2, the default; only beside the one-tile-set reverse sweep, which writes dVn's
-     * bf16 copy: KDA_KDA_STATE_DB=0), against the rows kernel forming them all (=0): the same
-     * products on the same bf16 operands in the same k order, so a kept forward and its
-     * backward, the same bytes */
+     * kernel (=2, the default), against the rows kernel forming them all (=0), beside the default
+     * and the one-tile-set state passes (KDA_KDA_STATE_DB=0: the reverse sweep's bf16 dVn, where
+     * the two-tile-set one leaves the rounding to its readers): the same products on the same
+     * bf16 operands in the same k order, so a kept forward and its backward, the same bytes */
     if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc) {
       for (int db = 0; db < 2 && !rc; db++) {
         env_scope sdb("KDA_KDA_STATE_DB", db ? nullptr : "0");
