@@ -380,7 +380,7 @@ final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 final_tc_fn k_bwd_final_wg_ptr(void);
 /* the fast compact K = V = 64 form that forms the rows kernel's dQ0, dKi0, dgn and dA itself from
  * dout (its last argument) and the state passes' bf16 copies (kda_final.cuh's FR; the rows kernel
- * then runs with ROWS_FR); smem_final_tc_compact's bytes, 256 threads */
+ * then runs with ROWS_FR, or none beside k_bwd_mat_mw); smem_final_tc_compact's bytes, 256 threads */
 typedef void (*final_fr_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
                             void *, void *, void *, void *, ws, const void *);
 final_fr_fn k_bwd_final_fr_ptr(void);

@@ -18,6 +18,8 @@
  *   k_state_bwd  per (sequence, head, V tile): forward sweep storing S per chunk and Vn, reverse
  *                sweep storing dS per chunk and dVn = Aqk^T dO + kg dS; dh0
  *   k_bwd_rows   per (chunk, head): dQ_inter, dKi, dW (contractions over V with S0, dS)
+ *                (version 2 at the compiled K = V = 64, compact: none runs, the mat and final
+ *                kernels form these where they read them, use_final_fr)
  *   k_bwd_mat    per (chunk, head): dA, dM, dL = -tril(M^T dM M^T), dv, dKb, dbeta (WY part)
  *   k_bwd_final  per (chunk, head): intra terms, dG, reverse cumsum, gate / beta chains
  *   k_qk_bwd     per (token, q/k head): GVA group sum + l2-norm backward -> dq, dk (version

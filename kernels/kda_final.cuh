@@ -82,7 +82,12 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
  * 64, VB = 72) are staged instead into X and dA's tiles (43.5 KB, contiguous in the compact
  * layout: no dL tile), which are free until the dGn phase. The products are the rows kernel's,
  * tile for tile (the same bf16 operands, the same k order), so the same fp32 values, bit for bit.
- * The rows kernel then forms only dW and dA for the mat kernel (ROWS_FR). */
+ * The rows kernel then forms dW alone (ROWS_FR), or the mat kernel forms it (kda_tc_bwd.cu's MW)
+ * and no rows kernel runs. H100, one run, three rounds against main (2026-12-06s60b): graph
+ * fwd+bwd (32,512,4,64) 0.433-0.436 -> 0.415-0.417 ms, (8,512,4,64) 0.130-0.131 -> 0.129-0.130;
+ * ncu at (32,512,4,64): this kernel 180.5 us (the staging form's 153.7), the mat kernel 101.2
+ * (92.5), the rows kernel's 49.0 gone. FR alone (the rows kernel forming dW; s60a, one round):
+ * 0.436 -> 0.426 ms. */
 static __device__ __forceinline__ void final_rows_stage(const kp &p, const ws &w, const void *dout, float *X, int cb,
                                                         int64_t h, int64_t t0, int n) {
   const int C = p.C, K16 = r16(p.K), V16 = r16(p.V), VB = V16 + 8;
