@@ -350,7 +350,7 @@ size_t smem_state_bwd_tc_db(int64_t C, int64_t K, int bv = BVT, int ns = 2);
 size_t smem_rows_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_sep(int64_t C, int64_t K, int64_t V);
 size_t smem_rows_tc_fast(int64_t C, int64_t K, int64_t V, int vn, int dvf);
-enum { ROWS_SEP = 1, ROWS_VN = 2, ROWS_DVF = 4 };   /* k_bwd_rows_tc's layout bits (kda_tc_bwd.cu) */
+enum { ROWS_SEP = 1, ROWS_VN = 2, ROWS_DVF = 4, ROWS_FR = 8 };   /* k_bwd_rows_tc's layout bits (kda_tc_bwd.cu) */
 size_t smem_mat_tc(int64_t C, int64_t K, int64_t V);
 size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V);
 size_t smem_final_tc(int64_t C, int64_t K);
@@ -365,6 +365,9 @@ typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const 
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
+/* the fast compact K = V = 64 form forming dW itself (kda_tc_bwd.cu's MW: beside
+ * k_bwd_final_fr no rows kernel runs); smem_mat_tc_compact's bytes */
+mat_tc_fn k_bwd_mat_mw_ptr(void);
 /* the fast mat kernel at K = V = 128 in three staging rounds, two blocks an SM (kda_mat_halves.cu) */
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
@@ -375,6 +378,12 @@ final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the fast wide K = V = 128 form with a flat chunk's intra-chunk terms on warpgroup MMAs, tf32
  * (kda_final_wg.cu: sm_90a only; smem_final_tc's bytes) */
 final_tc_fn k_bwd_final_wg_ptr(void);
+/* the fast compact K = V = 64 form that forms the rows kernel's dQ0, dKi0, dgn and dA itself from
+ * dout (its last argument) and the state passes' bf16 copies (kda_final.cuh's FR; the rows kernel
+ * then runs with ROWS_FR, or none beside k_bwd_mat_mw); smem_final_tc_compact's bytes, 256 threads */
+typedef void (*final_fr_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
+                            void *, void *, void *, void *, ws, const void *);
+final_fr_fn k_bwd_final_fr_ptr(void);
 /* the state passes by form and kv: the forward's fast (ST_FAST), second-tile-set (ST_DB) and
  * precise-kept (ST_PRECISE) kernels; the backward's (pr: precise); the kept fast reverse sweep
  * with two tile sets. bv: the second-tile-set kernels' V columns a block (BVT or BVN) */

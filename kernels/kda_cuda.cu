@@ -18,6 +18,8 @@
  *   k_state_bwd  per (sequence, head, V tile): forward sweep storing S per chunk and Vn, reverse
  *                sweep storing dS per chunk and dVn = Aqk^T dO + kg dS; dh0
  *   k_bwd_rows   per (chunk, head): dQ_inter, dKi, dW (contractions over V with S0, dS)
+ *                (version 2 at the compiled K = V = 64, compact: none runs, the mat and final
+ *                kernels form these where they read them, use_final_fr)
  *   k_bwd_mat    per (chunk, head): dA, dM, dL = -tril(M^T dM M^T), dv, dKb, dbeta (WY part)
  *   k_bwd_final  per (chunk, head): intra terms, dG, reverse cumsum, gate / beta chains
  *   k_qk_bwd     per (token, q/k head): GVA group sum + l2-norm backward -> dq, dk (version
@@ -400,6 +402,7 @@ static void preload_kernels(int kv) {
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
         ld((const void *)k_bwd_final_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
+  if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
     ld((const void *)k_fwd_flow_ps_pick(kv));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
@@ -511,6 +514,22 @@ static int use_compact(size_t wide, size_t compact) {
   const char *e = getenv("KDA_KDA_COMPACT");
   size_t per_sm = smem_per_sm();
   return compact && 2 * compact <= per_sm && 2 * wide > per_sm && !(e && strcmp(e, "0") == 0);
+}
+/* The rows kernel's products formed where they are read, at the compiled K = V = 64 where the
+ * fast compact final kernel runs and the rows kernel would run alone (not in the flow kernel):
+ * 1, the final kernel forms dQ0, dKi0, dgn and dA itself (kda_final.cuh's FR, k_bwd_final_fr;
+ * its bf16 operands, 36 KB, fit X and dA's room there, 43.5 KB) and the rows kernel forms dW
+ * alone (ROWS_FR); 2, where the mat kernel runs compact, that forms dW too (kda_tc_bwd.cu's
+ * MW, k_bwd_mat_mw) and no rows kernel runs.
+ * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
+ * the rows kernel's products) */
+static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
+  const char *e = getenv("KDA_KDA_FR");
+  int cap = e && *e ? atoi(e) : 2;
+  if (prec || kv != 64 || flow || cap < 1 ||
+      !use_compact(smem_final_tc(a->chunk, a->K), smem_final_tc_compact(a->chunk, a->K)))
+    return 0;
+  return cap >= 2 && use_compact(smem_mat_tc(a->chunk, a->K, a->V), smem_mat_tc_compact(a->chunk, a->K, a->V)) ? 2 : 1;
 }
 /* The fast mat kernel in three staging rounds, two blocks an SM (kda_mat_halves.cu), at the
  * compiled K = V = 128 (chunk 64); KDA_KDA_MATH=0 turns it off (read per call) */
@@ -879,6 +898,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
+    const int fr = use_final_fr(a, prec, kv, flow);
     if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();
@@ -925,7 +945,8 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     }
     if (!flow) {
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-      if (use_rows_wg(prec, kv, lay, dout)) {
+      if (fr == 2) {                               /* no rows kernel: final and mat form its products */
+      } else if (use_rows_wg(prec, kv, lay, dout)) {
         auto krg = k_bwd_rows_wg_ptr();
         if (smem_opt_in((const void *)krg, smem_rows_wg(), a, op, "k_bwd_rows_wg")) return -1;
         if (carveout_max((const void *)krg, a, op)) return -1;
@@ -934,7 +955,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
       } else {
         auto krw = k_bwd_rows_tc_pick(prec, kv);
         if (smem_opt_in((const void *)krw, smr, a, op, prec ? "k_bwd_rows_tc_p" : "k_bwd_rows_tc")) return -1;
-        krw<<<gc, rt, smr, st>>>(p, dout, w, lay);
+        krw<<<gc, rt, smr, st>>>(p, dout, w, lay | (fr ? ROWS_FR : 0));
         LAUNCH_OK("k_bwd_rows_tc", "kda_kda_cuda_backward");
       }
     }
@@ -947,6 +968,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const int mwg = use_mat_wg(mh);
     if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
     if (mwg) kmt = k_bwd_mat_wg_ptr(), sm = smem_mat_wg();
+    if (fr == 2) kmt = k_bwd_mat_mw_ptr();         /* mcm: smem_mat_tc_compact's bytes */
     if (smem_opt_in((const void *)kmt, sm, a, op,
                     prec ? "k_bwd_mat_tc_p" : mwg ? "k_bwd_mat_wg" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc"))
       return -1;
@@ -971,10 +993,17 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * 3.177-3.181 ms at (8,2048,16,128), 2.133-2.141 -> 2.047-2.054 at (1,8192,16,128), in a
      * graph 0.485-0.486 -> 0.466 at (32,512,4,64), 0.154 -> 0.148-0.149 at (8,512,4,64) */
     qk_final = a->H == a->HV && a->K <= 128;
-    kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
-                                                                     qk_final ? dq : nullptr, qk_final ? dk : nullptr,
-                                                                     w);
+    if (fr) {                                      /* fr implies fcm: 256 threads */
+      auto kfr = k_bwd_final_fr_ptr();
+      if (smem_opt_in((const void *)kfr, sm, a, op, "k_bwd_final_fr") || carveout_max((const void *)kfr, a, op)) return -1;
+      kfr<<<gc, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
+                               qk_final ? dk : nullptr, w, dout);
+    } else
+      kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
+                                                                       qk_final ? dq : nullptr, qk_final ? dk : nullptr,
+                                                                       w);
     if (fwg) LAUNCH_OK("k_bwd_final_wg", "kda_kda_cuda_backward");
+    else if (fr) LAUNCH_OK("k_bwd_final_fr", "kda_kda_cuda_backward");
     else LAUNCH_OK("k_bwd_final_tc", "kda_kda_cuda_backward");
   } else {
     size_t sm = smem_state(a->chunk, a->K) + (size_t)a->chunk * BV * 4;

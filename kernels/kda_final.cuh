@@ -75,13 +75,71 @@ template <bool SW> static __device__ __forceinline__ int fsw_at(int r, int d, in
 }
 /* ph(s): the body's phase mark s (PH) */
 template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph);
+/* FR: the rows kernel's products of the compact K = V = 64 form, formed where they are read.
+ * The rows kernel wrote dQ0 = dO S0^T, dKi0 = Vn dS^T (C x K, over V), dgn = rowsum_V(S0 . dS)
+ * and dA = s tril(dO Vn^T) (C x C) to global memory, and this kernel staged them back in fp32
+ * (48 KB a block); here their bf16 operands dO, Vn [C][VB], S0, dS [K][VB] (36 KB at C = K = V =
+ * 64, VB = 72) are staged instead into X and dA's tiles (43.5 KB, contiguous in the compact
+ * layout: no dL tile), which are free until the dGn phase. The products are the rows kernel's,
+ * tile for tile (the same bf16 operands, the same k order), so the same fp32 values, bit for bit.
+ * The rows kernel then forms dW alone (ROWS_FR), or the mat kernel forms it (kda_tc_bwd.cu's MW)
+ * and no rows kernel runs. H100, one run, three rounds against main (2026-12-06s60b): graph
+ * fwd+bwd (32,512,4,64) 0.433-0.436 -> 0.415-0.417 ms, (8,512,4,64) 0.130-0.131 -> 0.129-0.130;
+ * ncu at (32,512,4,64): this kernel 180.5 us (the staging form's 153.7), the mat kernel 101.2
+ * (92.5), the rows kernel's 49.0 gone. FR alone (the rows kernel forming dW; s60a, one round):
+ * 0.436 -> 0.426 ms. */
+static __device__ __forceinline__ void final_rows_stage(const kp &p, const ws &w, const void *dout, float *X, int cb,
+                                                        int64_t h, int64_t t0, int n) {
+  const int C = p.C, K16 = r16(p.K), V16 = r16(p.V), VB = V16 + 8;
+  sbf *dO = (sbf *)X, *Vn = dO + C * VB, *S0 = Vn + C * VB, *dS = S0 + K16 * VB;
+  const int64_t sr = ((int64_t)cb * p.HV + h) * p.K;   /* the chunk's states, in rows of V */
+  cp_tile_bf16(S0, VB, K16, V16, (int)p.K, p.V, w.h, sr, 1, 0);
+  cp_tile_bf16(dS, VB, K16, V16, (int)p.K, p.V, w.dh, sr, 1, 0);
+  cp_tile_bf16(dO, VB, C, V16, n, p.V, dout, t0, p.HV, h);
+  cp_tile_bf16(Vn, VB, C, V16, n, p.V, w.vn, t0, p.HV, h);
+}
+/* after the staging's barrier: dQ0 into the dG tile (as the staged copy was), dgn into dGn; dKi0
+ * (into X's rows 32 ..) and dA (the compact tile's dA parts: row r's columns < ceil4(r + 1), zero
+ * past r and on rows >= n, as staged) overwrite the operands, so a warp holds its two tiles of
+ * each across a barrier. 256 threads (8 warps): warp w owns the 16 x 16 tiles at rows 16 (w / 4)
+ * and 16 (w / 4 + 2), columns 16 (w % 4), of each C x 64 product */
+static __device__ __forceinline__ void final_rows_products(const kp &p, const float *X, float *dAs, float *dGs,
+                                                           float *dGn, float *Xd, int XS, int CS, int KS, int n) {
+  const int C = p.C, K16 = r16(p.K), V16 = r16(p.V), VB = V16 + 8;
+  const sbf *dO = (const sbf *)X, *Vn = dO + C * VB, *S0 = Vn + C * VB, *dS = S0 + K16 * VB;
+  mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0,
+               pairs2([&](int i, int d, float x0, float x1) { st2f(dGs + i * KS + d, x0, x1, true); }));
+  dgn_rows_b(dGn, p.K, p.V, S0, dS, VB);
+  const int lane = threadIdx.x & 31, wq = threadIdx.x >> 5, g = lane >> 2, t2 = 2 * (lane & 3);
+  const int i0[2] = {(wq >> 2) << 4, ((wq >> 2) + 2) << 4}, j0 = (wq & 3) << 4;
+  float ck[2][2][4] = {}, ca[2][2][4] = {};
+  ldm_acc<2, 2>(i0, j0, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, ck);   /* dKi0 = Vn dS^T */
+  ldm_acc<2, 2>(i0, j0, bt{dO, VB, 1}, bt{Vn, VB, 1}, V16, bt{}, bt{}, 0, ca);   /* dO Vn^T */
+  __syncthreads();                                  /* every warp done with the operands */
+#pragma unroll
+  for (int u = 0; u < 2; u++)
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+        const int i = i0[u] + g + 8 * rr, j = j0 + 8 * hf + t2;
+        *(float2 *)(Xd + i * XS + j) = make_float2(ck[u][hf][2 * rr], ck[u][hf][2 * rr + 1]);
+        auto v = [&](int jj, float x) { return jj <= i && i < n ? p.scale * x : 0.f; };
+        if (j < ((i + 4) & ~3))                     /* ceil4(i + 1): the dA part's 16-byte chunks */
+          *(float2 *)(dAs + i * CS + j) = make_float2(v(j, ca[u][hf][2 * rr]), v(j + 1, ca[u][hf][2 * rr + 1]));
+      }
+}
 /* PR (the precise backward): the factored off-diagonal blocks in P_3TF32. NF: the row count
  * fixed at compile time (loops and row checks fold), or 0: the chunk table's. WG (the fast wide
- * K = 128 form only, kda_final_wg.cu): a flat chunk's intra-chunk terms by final_flat_wg */
-template <bool PR, bool CM, int KV, int NF, bool WG = false>
+ * K = 128 form only, kda_final_wg.cu): a flat chunk's intra-chunk terms by final_flat_wg. FR
+ * (the fast compact K = V = 64 form only, k_bwd_final_fr): the rows kernel's dQ0, dKi0, dgn
+ * and dA formed here from dout and the state passes' bf16 copies (final_rows_products) */
+template <bool PR, bool CM, int KV, int NF, bool WG = false, bool FR = false>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
-                                                    void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
+                                                    void *dg, void *dbeta, void *dq_out, void *dk_out, ws w,
+                                                    const void *dout = nullptr) {
+  static_assert(!FR || (!PR && CM && KV == 64 && !WG), "FR: the fast compact K = V = 64 form");
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -147,6 +205,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
       cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     }
+    if constexpr (FR) final_rows_stage(p, w, dout, X, cb, h, t0, n);
     if constexpr (CM) {
       /* row r: dA[r][0..r] from column 0, dL[i][0..i-1] (i = C-1-r) from column ceil4(r + 1)
        * (dl_row), both in 16-byte copies: S = C/4 + 1 chunks a row hold both parts (r = 4a + b:
@@ -155,7 +214,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
        * copy an element: 16 a thread, each with its index division (5.6% of the kernel's
        * instructions at (32,512,4,64), ncu s58a) */
       const int S = C / 4 + 1;
-      for (int e = tid; e < C * S; e += BT) {
+      for (int e = tid; e < C * S && !FR; e += BT) {   /* FR: dA formed here, dL after it */
         const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
         if (s < na) {
           const bool ok = r < n;
@@ -174,13 +233,15 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
      * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
      * block at (8,2048,16,128)) */
-    cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
-    cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
+    if constexpr (!FR) {
+      cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
+      cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
+    }
     /* the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free until the
      * intra-chunk terms: the diagonal phase (a flat chunk's row-term epilogue) reads it there
      * and leaves dQ in its place */
     if constexpr (WG) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
-    else cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
+    else if constexpr (!FR) cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
@@ -189,6 +250,21 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   cp_async_wait_all();
   __syncthreads();
+  if constexpr (FR) {
+    final_rows_products(p, X, dAs, dGs, dGn, Xd, XS, CS, KS, n);
+    /* dL's rows into dA's tile (as above, the dL parts only), landing while the dGn phase runs */
+    const int S = C / 4 + 1;
+    for (int e = tid; e < C * S; e += BT) {
+      const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
+      if (s >= na && 4 * (s - na) < i) {
+        const int j = 4 * (s - na);
+        const bool ok = i < n;
+        cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : w.dL, ok);
+      }
+    }
+    cp_async_commit();
+    __syncthreads();                                /* dKi0, dA, dgn written; the bf16 tiles dead */
+  }
   PH(0);
   {                                                 /* dGn with the inter-chunk dKi (before intra) */
     /* rows split in 16-row groups, one thread per (group, column) (all the block's threads);
@@ -218,6 +294,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
   }
   PH(1);                                            /* (the diagonal phase reads none of dGn, X) */
+  if constexpr (FR) {                               /* dL landed */
+    cp_async_wait_all();
+    __syncthreads();
+  }
   /* k_bwd_final_wg: a flat chunk (kda_tc.cuh's chunk_flat, after the dGn phase's reads of X)
    * takes the intra-chunk terms below as whole-chunk products on warpgroup MMAs, PH(2) .. PH(6)
    * its stages; a steep one the per-block form, in the same launch */

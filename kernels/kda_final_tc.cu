@@ -38,6 +38,17 @@ final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv) {
   return t[pr][cm][kv_slot(kv)];
 }
 
+/* FR (kda_final.cuh): the compact K = V = 64 form forming the rows kernel's products itself */
+__global__ void __launch_bounds__(NTC, 1) k_bwd_final_fr(kp p, const void *q, const void *k, const void *g,
+                                                        const void *beta, const float *A_log, const float *dt_bias,
+                                                        void *dg, void *dbeta, void *dq_out, void *dk_out, ws w,
+                                                        const void *dout) {
+  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x))
+    bwd_final_tc<false, true, 64, 64, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
+  else bwd_final_tc<false, true, 64, 0, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
+}
+final_fr_fn k_bwd_final_fr_ptr(void) { return k_bwd_final_fr; }
+
 #ifdef KDA_PHASES
 void kda_phase_take_final(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
 #endif

@@ -12,7 +12,7 @@
  * Same operands (the state passes' bf16 copies), same outputs and epilogues as the mma.sync
  * kernel; the products' sums run in the tensor cores' order, so dQ, dW, dKi, dA differ from
  * it in the last bits (test_kda_cuda holds this kernel to the CPU reference's tolerances);
- * dgn is the same sum in the same order (rows_dgn_b's), bit for bit. */
+ * dgn is the same sum in the same order (dgn_rows_b's), bit for bit. */
 #include "kda_tc.cuh"
 #include "kda_wgmma.cuh"
 
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(NTC, 2) k_bwd_rows_wg(kp p, const void *dout, 
   wg_commit();
   rw_issue<16, C>(x8, dDO, dVB);
   wg_commit();
-  {                                                /* dgn: rows_dgn_b's sums (a lane two columns at a time) */
+  {                                                /* dgn: dgn_rows_b's sums (a lane two columns at a time) */
     const int lane = threadIdx.x & 31;
     for (int d = threadIdx.x >> 5; d < K; d += NTC / 32) {
       float acc = 0.f;

@@ -99,6 +99,24 @@ static __device__ __forceinline__ void mat_db_rows(const float *part, int PS, in
   }
 }
 
+/* dgn[d] = sum_c S0[d,c] dS[d,c] (d < K, c < V) in fp32 from bf16 tiles [.][VB] (zero past V),
+ * a warp a row, a lane two adjacent columns at a time, summed by a fixed shuffle tree: the rows
+ * kernel's sums into global memory, the final kernel's (FR) into its dGn tile, the same values */
+static __device__ __forceinline__ void dgn_rows_b(float *out, int64_t K, int64_t V, const sbf *S0, const sbf *dS,
+                                                  int VB) {
+  int lane = threadIdx.x & 31;
+  for (int d = threadIdx.x >> 5; d < K; d += BT / 32) {
+    float acc = 0.f;
+    for (int c = 2 * lane; c < V; c += 64) {
+      float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(S0 + d * VB + c));
+      float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(dS + d * VB + c));
+      acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    }
+    acc = kc_warp_sum(acc);
+    if (!lane) out[d] = acc;
+  }
+}
+
 /* BT (kda_tile.cuh) is the block's threads: NTC for the chunk kernels and the backward state
  * passes, NT for the forward state pass (the helpers serve both) */
 

@@ -114,24 +114,10 @@ static __device__ __forceinline__ void rows_to_bf16(float *t, int R, int ld, int
       }
   }
 }
-/* the same sums from bf16 tiles (the fast variant's S0, dS, rows of VB, zero past V), a lane two
- * adjacent columns at a time */
-static __device__ __forceinline__ void rows_dgn_b(const kp &p, const ws &w, int chunk, int64_t h, const sbf *S0,
-                                                  const sbf *dS, int VB) {
-  int lane = threadIdx.x & 31;
-  for (int d = threadIdx.x >> 5; d < p.K; d += BT / 32) {
-    float acc = 0.f;
-    for (int c = 2 * lane; c < p.V; c += 64) {
-      float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(S0 + d * VB + c));
-      float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)(dS + d * VB + c));
-      acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    }
-    acc = kc_warp_sum(acc);
-    if (!lane) w.dgn[((int64_t)chunk * p.HV + h) * p.K + d] = acc;
-  }
-}
 /* lay: the host's layout choice, ROWS_SEP (precise: dS in a tile of its own), ROWS_VN (fast: Vn
- * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy) */
+ * in a tile of its own), ROWS_DVF (fast: dVn from its fp32 copy), ROWS_FR (fast: the final
+ * kernel forms dQ, dKi, dgn and dA itself, k_bwd_final_fr: this kernel stages S0 and dVn and
+ * forms dW alone, the mat kernel's; where the mat kernel forms that too, none runs) */
 template <bool PR, int KV>
 static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w, int lay, int cb, int64_t h) {
   constexpr int PA = PR ? P_3TF32A : P_BF16, PX = PR ? P_3TF32 : P_BF16;
@@ -160,7 +146,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     /* dvf: dVn from its fp32 copy (the two-tile-set reverse sweep writes no bf16 one: its steps
      * are the long sequential chain of the shapes it serves), staged into an fp32 tile [C][VS]
      * and turned bf16 in place (pitch 2 VS) */
-    const bool vnx = lay & ROWS_VN, dvf = lay & ROWS_DVF;
+    const bool vnx = lay & ROWS_VN, dvf = lay & ROWS_DVF, fr = lay & ROWS_FR;
     const int DV = dvf ? 2 * VS : VB;              /* dVn's bf16 pitch */
     sbf *dVn = (sbf *)sm, *S0 = dvf ? (sbf *)(sm + C * VS) : dVn + C * VB, *dS = S0 + K16 * VB, *dO = dS + K16 * VB;
     sbf *Vn = vnx ? dO + C * VB : dVn;
@@ -168,9 +154,11 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     cp_tile_bf16(S0, VB, K16, V16, (int)K, V, w.h, sr, 1, 0);
     if (dvf) cp_tile_f32(sm, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
     else cp_tile_bf16(dVn, VB, C, V16, n, V, w.dvnb, t0, HV, h);
-    cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
-    cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
-    if (vnx) {
+    if (!fr) {
+      cp_tile_bf16(dO, VB, C, V16, n, V, dout, t0, HV, h);
+      cp_tile_bf16(dS, VB, K16, V16, (int)K, V, w.dh, sr, 1, 0);
+    }
+    if (vnx && !fr) {
       cp_async_commit();
       cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
       cp_async_commit();
@@ -178,31 +166,33 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
     } else cp_async_wait_all();
     __syncthreads();
     PH(0);
-    rows_dgn_b(p, w, cb, h, S0, dS, VB);
+    if (!fr) dgn_rows_b(w.dgn + sr, K, V, S0, dS, VB);
     if (dvf) {
       rows_to_bf16(sm, C, VS, V16);
       __syncthreads();
     }
     PH(1);
-    mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));    /* dQ = dO S0^T */
+    if (!fr) mma_ldm<NPB>(C, K16, bt{dO, VB, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dq_out));   /* dQ = dO S0^T */
     PH(2);
     mma_ldm<NPB>(C, K16, bt{dVn, DV, 1}, bt{S0, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dw_out));   /* dW = -dVn S0^T */
-    if (!vnx) {
-      __syncthreads();                             /* every warp done with dVn */
-      cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
+    if (!fr) {                                     /* ROWS_FR: dW alone */
+      if (!vnx) {
+        __syncthreads();                           /* every warp done with dVn */
+        cp_tile_bf16(Vn, VB, C, V16, n, V, w.vn, t0, HV, h);
+      }
+      cp_async_wait_all();
+      __syncthreads();
+      PH(3);
+      mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
+      /* dA = s tril(dO Vn^T) (bf16), the fast mat kernel's before: both operands are staged here
+       * already (the same bf16 tiles, the same k order: the same dA), and the mat kernel then
+       * stages neither. Only the final kernel reads it */
+      auto da_out = [&](int i, int j, float x0, float x1) {
+        auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
+        if (i < n) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
+      };
+      mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{Vn, VB, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
     }
-    cp_async_wait_all();
-    __syncthreads();
-    PH(3);
-    mma_ldm<NPB>(C, K16, bt{Vn, VB, 1}, bt{dS, VB, 1}, V16, bt{}, bt{}, 0, pairs2(dki_out));   /* dKi = Vn dS^T */
-    /* dA = s tril(dO Vn^T) (bf16), the fast mat kernel's before: both operands are staged here
-     * already (the same bf16 tiles, the same k order: the same dA), and the mat kernel then
-     * stages neither */
-    auto da_out = [&](int i, int j, float x0, float x1) {
-      auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };
-      if (i < n) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
-    };
-    mma_ldm<NPB>(C, C, bt{dO, VB, 1}, bt{Vn, VB, 1}, V16, bt{}, bt{}, 0, pairs2(da_out));
   } else {
     float *R1 = sm, *R2 = R1 + K16 * VS;
     sbf *dO = (sbf *)(R2 + C * VS);
@@ -326,8 +316,16 @@ size_t smem_mat_tc_compact(int64_t C, int64_t K, int64_t V) {
   return (size_t)(2 * C * (r16(V) + 8)) * 2 +
          (size_t)(C * CS + r1 + C * VS + 2 * C * KS + C + C * mat_ps(V)) * 4;
 }
-template <bool PR, bool CM, int KV, int NF>       /* NF: as bwd_final_tc's */
+/* MW (the fast compact K = V = 64 form beside k_bwd_final_fr, k_bwd_mat_mw): dW = -dVn S0^T
+ * formed here, where the rows kernel formed it (ROWS_FR left it nothing else, so none runs):
+ * S0's bf16 copy staged into the dM region (free until dM is formed) instead of the fp32 dW,
+ * and dVn's bf16 operand rounded (RN) from the fp32 tile staged anyway into the precise
+ * variant's dO tile, the values of the reverse sweep's bf16 copy (or of the rows kernel's own
+ * rounding after the two-tile-set sweep, which writes none). The rows kernel's product tile for
+ * tile, the same values */
+template <bool PR, bool CM, int KV, int NF, bool MW = false>   /* NF: as bwd_final_tc's */
 static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
+  static_assert(!MW || (!PR && CM && KV == 64), "MW: the fast compact K = V = 64 form");
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -361,7 +359,11 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_async_commit();
   cp_tile_f32(Ms, CS, C, C, n, C, true, [&](int i) { return w.M + ROWI(i) * C; });
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
-  cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
+  sbf *dVb = dO, *S0b = (sbf *)dM;                 /* MW's operands */
+  if constexpr (MW)
+    cp_tile_bf16(S0b, VB, K16, V16, (int)K, V, w.h, ((int64_t)blockIdx.x * HV + h) * K, 1, 0);
+  else
+    cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
   cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
   for (int r = threadIdx.x; r < C; r += BT) bs[r] = r < n ? w.b[ROWI(r)] : 0.f;
   cp_tile_bf16(Vr, VB, C, V16, n, V, v, t0, HV, h);
@@ -383,6 +385,18 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   }
   cp_async_wait_all();
   __syncthreads();                                 /* the rest landed; every warp done with VnF before dM overwrites it */
+  if constexpr (MW) {                              /* dW = -dVn S0^T, as the rows kernel stored it */
+    for (int e = threadIdx.x; e < C * V16 / 4; e += BT) {   /* dVn's bf16 operand, four columns at a time */
+      const int i = e / (V16 / 4), c = 4 * (e % (V16 / 4));
+      const float4 x = *(const float4 *)(dVs + i * VS + c);
+      __nv_bfloat162 *o = (__nv_bfloat162 *)(dVb + i * VB + c);
+      o[0] = __floats2bfloat162_rn(x.x, x.y), o[1] = __floats2bfloat162_rn(x.z, x.w);
+    }
+    __syncthreads();
+    mma_ldm<NPB>(C, K16, bt{dVb, VB, 1}, bt{S0b, VB, 1}, V16, bt{}, bt{}, 0,
+                 pairs2([&](int i, int d, float x0, float x1) { *(float2 *)(dWs + i * KS + d) = make_float2(-x0, -x1); }));
+    __syncthreads();
+  }
   /* The fast variant's tf32 products (mma_tf) take operands rounded once here: M, dVn, dW,
    * Kb are MMA operands only, so rounding them in place changes no result (the cvt per
    * fragment load rounded the same way), and M^T as a tile of its own gives the three M^T
@@ -480,6 +494,11 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void
     bwd_mat_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, dout, dv, w);
   else bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
 }
+__global__ void __launch_bounds__(NTC, 2) k_bwd_mat_mw(kp p, const void *v, const void *dout, void *dv, ws w) {
+  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x)) bwd_mat_tc<false, true, 64, 64, true>(p, v, dout, dv, w);
+  else bwd_mat_tc<false, true, 64, 0, true>(p, v, dout, dv, w);
+}
+mat_tc_fn k_bwd_mat_mw_ptr(void) { return k_bwd_mat_mw; }
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv) {
   static const mat_tc_fn t[2][2][3] = {{KV_SLOTS(k_bwd_mat_tc, false, false), KV_SLOTS(k_bwd_mat_tc, false, true)},
                                        {KV_SLOTS(k_bwd_mat_tc, true, false), KV_SLOTS(k_bwd_mat_tc, true, true)}};

@@ -16,6 +16,8 @@
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
  * and (the compiled shapes, compute capability 9.0) the flow kernel's persistent intra blocks
  * (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1, ns + 3 blocks) against the block-a-task intra kernel,
+ * and (the compiled K = V = 64 shapes) the final and mat kernels forming the rows kernel's
+ * products themselves (KDA_KDA_FR=1, 2; with one and two tile sets) against the rows kernel (=0),
  * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
  * wgmma forward pass, reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1,
  * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all
@@ -436,6 +438,24 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       std::vector<std::vector<char>> got;
       rc = kept_run("KDA_KDA_COMPACT", "0", 1, got);
       kept_vs_ref(": the compiled K = 64 forms' wide layouts (KDA_KDA_COMPACT=0)");
+    }
+    /* the rows kernel's products formed where they are read (kda_cuda.cu use_final_fr: the
+     * fast compact K = V = 64 forms, on by default where they run): the final kernel's dQ0, dKi0,
+     * dgn, dA with the rows kernel's dW (KDA_KDA_FR=1), and with the mat kernel's dW and no rows
+     * kernel (=2, the default), against the rows kernel forming them all (=0), beside the default
+     * and the one-tile-set state passes (KDA_KDA_STATE_DB=0: the reverse sweep's bf16 dVn, where
+     * the two-tile-set one leaves the rounding to its readers): the same products on the same
+     * bf16 operands in the same k order, so a kept forward and its backward, the same bytes */
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc) {
+      for (int db = 0; db < 2 && !rc; db++) {
+        env_scope sdb("KDA_KDA_STATE_DB", db ? nullptr : "0");
+        std::vector<std::vector<char>> got[3];
+        for (int f = 0; f < 3 && !rc; f++) rc = kept_run("KDA_KDA_FR", f == 0 ? "0" : f == 1 ? "1" : "2", 1, got[f]);
+        same = !rc && got[0] == got[1] && got[0] == got[2];
+        const char *st = db ? "default state passes" : "one-tile-set state passes";
+        if (same) printf("ok - %s: rows products in the final and mat kernels (KDA_KDA_FR=1, 2) = the rows kernel's, bit for bit (%s)\n", name, st), npass++;
+        else printf("FAIL - %s: rows products in the final and mat kernels differ from the rows kernel's (%s)%s%s\n", name, st, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      }
     }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
      * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
