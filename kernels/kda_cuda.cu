@@ -518,7 +518,7 @@ static int use_compact(size_t wide, size_t compact) {
 /* The rows kernel's products formed where they are read, at the compiled K = V = 64 where the
  * fast compact final kernel runs and the rows kernel would run alone (not in the flow kernel):
  * 1, the final kernel forms dQ0, dKi0, dgn and dA itself (kda_final.cuh's FR, k_bwd_final_fr;
- * its bf16 operands, 36 KB, fit X and dA's room there, 43.5 KB) and the rows kernel forms dW
+ * its bf16 operands, 36.9 KB, fit X and dA's room there, 43.5 KB) and the rows kernel forms dW
  * alone (ROWS_FR); 2, where the mat kernel runs compact, that forms dW too (kda_tc_bwd.cu's
  * MW, k_bwd_mat_mw) and no rows kernel runs.
  * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to

@@ -78,7 +78,7 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
 /* FR: the rows kernel's products of the compact K = V = 64 form, formed where they are read.
  * The rows kernel wrote dQ0 = dO S0^T, dKi0 = Vn dS^T (C x K, over V), dgn = rowsum_V(S0 . dS)
  * and dA = s tril(dO Vn^T) (C x C) to global memory, and this kernel staged them back in fp32
- * (48 KB a block); here their bf16 operands dO, Vn [C][VB], S0, dS [K][VB] (36 KB at C = K = V =
+ * (49.2 KB a block); here their bf16 operands dO, Vn [C][VB], S0, dS [K][VB] (36.9 KB at C = K = V =
  * 64, VB = 72) are staged instead into X and dA's tiles (43.5 KB, contiguous in the compact
  * layout: no dL tile), which are free until the dGn phase. The products are the rows kernel's,
  * tile for tile (the same bf16 operands, the same k order), so the same fp32 values, bit for bit.
