@@ -523,6 +523,8 @@ static int use_compact(size_t wide, size_t compact) {
  * MW, k_bwd_mat_mw) and no rows kernel runs.
  * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
  * the rows kernel's products) */
+static int last_fr;                                /* kda_kda_cuda_last_fr */
+int kda_kda_cuda_last_fr(void) { return last_fr; }
 static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
   const char *e = getenv("KDA_KDA_FR");
   int cap = e && *e ? atoi(e) : 2;
@@ -849,6 +851,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
                                      int64_t workspace_bytes, void *stream) {
   const char *op = "kda_kda_cuda_backward";
   ws w;
+  last_fr = 0;
   if (check_common(a, op)) return -1;
   if (a->gate_mode == KDA_GATE_SOFTPLUS && !A_log)
     return kda_set_error("%s: the softplus gate (gate_mode 1) needs A_log [HV]: pass it", op);
@@ -898,7 +901,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
      * (8,512,4,64) 0.218 -> 0.214 */
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
-    const int fr = use_final_fr(a, prec, kv, flow);
+    const int fr = last_fr = use_final_fr(a, prec, kv, flow);
     if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();

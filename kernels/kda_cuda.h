@@ -59,6 +59,12 @@ int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, c
                           float *dA_log, float *ddt_bias, float *dh0, void *workspace,
                           int64_t workspace_bytes, void *stream);
 
+/* Where the last kda_kda_cuda_backward in this process formed the rows kernel's products at the
+ * compiled K = V = 64 (KDA_KDA_FR): 0 the rows kernel, 1 the final kernel (the rows kernel dW
+ * alone), 2 the final and mat kernels (no rows kernel). For the test: whether a form it
+ * compares ran at all. */
+int kda_kda_cuda_last_fr(void);
+
 /* Recurrent decode (§5): T tokens per sequence (T = 1 for a decode step) from state
  * [N,HV,K,V] fp32, updated in place. Writes o. No workspace. */
 int kda_kda_cuda_decode(const kda_kda_args *a, const void *q, const void *k, const void *v,
