@@ -18,7 +18,7 @@
  * (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1, ns + 3 blocks) against the block-a-task intra kernel,
  * and (the compiled K = V = 64 shapes) the final and mat kernels forming the rows kernel's
  * products themselves (KDA_KDA_FR=1, 2; with one and two tile sets) against the rows kernel (=0),
- * bit for bit the same; the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
+ * bit for bit the same (and on an sm_90 card, those forms having run: kda_kda_cuda_last_fr); the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
  * wgmma forward pass, reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1,
  * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all
  * five) against the CPU reference (the final kernel's flat chunks: the decay cases, "decay flat
