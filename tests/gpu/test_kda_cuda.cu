@@ -18,13 +18,14 @@
  * (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1, ns + 3 blocks) against the block-a-task intra kernel,
  * and (the compiled K = V = 64 shapes) the final and mat kernels forming the rows kernel's
  * products themselves (KDA_KDA_FR=1, 2; with one and two tile sets) against the rows kernel (=0),
- * bit for bit the same (and on an sm_90 card, those forms having run: kda_kda_cuda_last_fr); the compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the
- * wgmma forward pass, reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1,
- * KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all
- * five) against the CPU reference (the final kernel's flat chunks: the decay cases, "decay flat
- * and steep chunks" both kinds in one launch). Every KDA case runs four times: the
- * tensor-core path (default: its precise backward where the case sets precise_gate, the strict
- * draws and the cases named so), the version-1
+ * bit for bit the same (on an sm_90 card, those forms having run: kda_kda_cuda_last_fr); the
+ * compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the wgmma forward pass,
+ * reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1, KDA_KDA_WGB=1,
+ * KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all five) against the
+ * CPU reference (the final kernel's flat chunks: the decay cases, "decay flat and steep chunks"
+ * both kinds in one launch). Every KDA case runs four times: the tensor-core path (default:
+ * its precise backward where the case sets precise_gate, the strict draws and the cases named
+ * so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
  * (KDA_KDA_PRECISE=1; its state pass at 256 threads where the run-time forms run, as large
  * batches of small heads do; the K = V = 64 / 128 instantiations keep the size they are built for),
@@ -447,7 +448,10 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
      * the two-tile-set one leaves the rounding to its readers): the same products on the same
      * bf16 operands in the same k order, so a kept forward and its backward, the same bytes */
     if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc) {
-      env_scope nfl("KDA_KDA_FLOW", "0");           /* the flow kernel forms them all (use_final_fr) */
+      env_scope nfl("KDA_KDA_FLOW", "0");           /* FR declines beside the flow kernel, which forms them itself */
+      int dv = 0, mj = 0;
+      cudaGetDevice(&dv);
+      cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dv);
       for (int db = 0; db < 2 && !rc; db++) {
         env_scope sdb("KDA_KDA_STATE_DB", db ? nullptr : "0");
         std::vector<std::vector<char>> got[3];
@@ -458,9 +462,6 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
         }
         same = !rc && got[0] == got[1] && got[0] == got[2];
         const char *st = db ? "default state passes" : "one-tile-set state passes";
-        int dv = 0, mj = 0;
-        cudaGetDevice(&dv);
-        cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dv);
         const bool engaged = ran[0] == 0 && ran[1] == 1 && ran[2] == 2;
         if (!rc && !engaged && mj == 9)              /* an H100 / H200 fits both compact forms */
           printf("FAIL - %s: rows products in the final and mat kernels: the forms that ran were %d, %d, %d, not 0, 1, 2 (%s)\n", name, ran[0], ran[1], ran[2], st), nfail++;
