@@ -312,7 +312,10 @@ int main(void) {
   bench_gemm_pair(4096, 3072, 768, KDA_F32);
   bench_gemm_pair(4096, 256, 256, KDA_BF16);   /* GPT S 8x512 shapes: launch-bound */
   bench_gemm_pair(4096, 256, 256, KDA_F32);
-  bench_attention(8, 2048, 16, 128);
+  bench_attention(8, 2048, 16, 128);   /* the KDA bench's four shapes (issue 4's side by side; */
+  bench_attention(1, 8192, 16, 128);   /* benches/peers/kda_attn_peer.py times SDPA at the same) */
+  bench_attention(32, 512, 4, 64);
+  bench_attention(8, 512, 4, 64);
   bench_attention(64, 1024, 12, 64);
   bench_rows(65536, 768);
   bench_rows(65536, 2048);
