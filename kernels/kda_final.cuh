@@ -190,6 +190,29 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   const int64_t g0 = ROWI(0) * K;
   float *dQg = w.dQ + g0, *dKig = w.dKi + g0, *dKbg = w.dKb + g0;
   const float *dA0 = w.dA + ROWI(0) * C, *dL0 = w.dL + ROWI(0) * C;
+  /* the compact tile's staging, its dA parts (da) and / or its dL parts (dl): row r holds
+   * dA[r][0..r] from column 0, dL[i][0..i-1] (i = C-1-r) from column ceil4(r + 1) (dl_row), both
+   * in 16-byte copies: S = C/4 + 1 chunks a row hold both parts (r = 4a + b: a + 1 of dA,
+   * C/4 - a - [b = 3] of dL). A part's last chunk may carry entries past its triangle
+   * (dA[r][j > r], dL[i][j >= i]), into columns no reader takes. It was a 4-byte copy an
+   * element: 16 a thread, each with its index division (5.6% of the kernel's instructions at
+   * (32,512,4,64), ncu s58a). z: the zero-fill copies' (unread) source, each caller's own as
+   * before the two loops were one, so that neither kernel's SASS moved (cae198e's one dummy
+   * added 6 instructions to k_bwd_final_fr: benches/sass_local.sh) */
+  auto stage_cm = [&](bool da, bool dl, const float *z) {
+    const int S = C / 4 + 1;
+    for (int e = tid; e < C * S; e += BT) {
+      const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
+      if (da && s < na) {
+        const bool ok = r < n;
+        cp_async16(dAs + r * CS + 4 * s, ok ? dA0 + (r * RC + 4 * s) : z, ok);
+      } else if (dl && s >= na && 4 * (s - na) < i) {
+        const int j = 4 * (s - na);
+        const bool ok = i < n;
+        cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : z, ok);
+      }
+    }
+  };
   PH_INIT(WG ? 6 : 5);                              /* k_bwd_final_wg: a row of its own (bwd_final_wg) */
   float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
   {                                                 /* asynchronous staging, zero-filled */
@@ -207,24 +230,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
     if constexpr (FR) final_rows_stage(p, w, dout, X, cb, h, t0, n);
     if constexpr (CM) {
-      /* row r: dA[r][0..r] from column 0, dL[i][0..i-1] (i = C-1-r) from column ceil4(r + 1)
-       * (dl_row), both in 16-byte copies: S = C/4 + 1 chunks a row hold both parts (r = 4a + b:
-       * a + 1 of dA, C/4 - a - [b = 3] of dL). A part's last chunk may carry entries past its
-       * triangle (dA[r][j > r], dL[i][j >= i]), into columns no reader takes. It was a 4-byte
-       * copy an element: 16 a thread, each with its index division (5.6% of the kernel's
-       * instructions at (32,512,4,64), ncu s58a) */
-      const int S = C / 4 + 1;
-      for (int e = tid; e < C * S && !FR; e += BT) {   /* FR: dA formed here, dL after it */
-        const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
-        if (s < na) {
-          const bool ok = r < n;
-          cp_async16(dAs + r * CS + 4 * s, ok ? dA0 + (r * RC + 4 * s) : w.dA, ok);
-        } else if (4 * (s - na) < i) {
-          const int j = 4 * (s - na);
-          const bool ok = i < n;
-          cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : w.dA, ok);
-        }
-      }
+      if constexpr (!FR) stage_cm(true, true, w.dA);   /* FR: dA formed here, dL staged after it */
     } else {
       cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
       cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
@@ -252,16 +258,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   __syncthreads();
   if constexpr (FR) {
     final_rows_products(p, X, dAs, dGs, dGn, Xd, XS, CS, KS, n);
-    /* dL's rows into dA's tile (as above, the dL parts only), landing while the dGn phase runs */
-    const int S = C / 4 + 1;
-    for (int e = tid; e < C * S; e += BT) {
-      const int r = e / S, s = e % S, na = r / 4 + 1, i = C - 1 - r;
-      if (s >= na && 4 * (s - na) < i) {
-        const int j = 4 * (s - na);
-        const bool ok = i < n;
-        cp_async16(dAs + r * CS + 4 * na + j, ok ? dL0 + (i * RC + j) : w.dL, ok);
-      }
-    }
+    stage_cm(false, true, w.dL);                    /* dL's rows into dA's tile, landing while the dGn phase runs */
     cp_async_commit();
     __syncthreads();                                /* dKi0, dA, dgn written; the bf16 tiles dead */
   }
