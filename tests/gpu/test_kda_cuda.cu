@@ -160,6 +160,13 @@ static void verdict(const char *name, const std::vector<item> &it) {
   fflush(stdout);
 }
 
+/* the current device's compute capability (major): the forms some comparisons need run on 9.0 */
+static int cc_major(void) {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
 /* Does this backward run the precise twins (kernels/kda_cuda.cu use_precise)? Version 1 is fp32
  * throughout. */
 static bool precise_bwd(int gate_mode, int precise_gate) {
@@ -414,9 +421,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
      * reference's tolerances. KDA_KDA_WIDE=1 where a kernel runs only beside the wide passes
      * (the two state passes; the rows kernel, which elsewhere runs inside the flow kernel or
      * reads the fp32 dVn). */
-    int dev_ = 0, maj_ = 0;
-    cudaGetDevice(&dev_);
-    cudaDeviceGetAttribute(&maj_, cudaDevAttrComputeCapabilityMajor, dev_);
+    const int maj_ = cc_major();
     static const char *const wgsw[5] = {"KDA_KDA_WG", "KDA_KDA_WGB", "KDA_KDA_ROWSWG", "KDA_KDA_MATWG",
                                         "KDA_KDA_FINALWG"};
     static const char *const wgwhat[6] = {"wgmma forward state pass", "wgmma reverse sweep", "wgmma rows kernel",
@@ -449,9 +454,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
      * bf16 operands in the same k order, so a kept forward and its backward, the same bytes */
     if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc) {
       env_scope nfl("KDA_KDA_FLOW", "0");           /* FR declines beside the flow kernel, which forms them itself */
-      int dv = 0, mj = 0;
-      cudaGetDevice(&dv);
-      cudaDeviceGetAttribute(&mj, cudaDevAttrComputeCapabilityMajor, dv);
+      const int mj = cc_major();
       for (int db = 0; db < 2 && !rc; db++) {
         env_scope sdb("KDA_KDA_STATE_DB", db ? nullptr : "0");
         std::vector<std::vector<char>> got[3];
