@@ -415,10 +415,12 @@ state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
+state_bwd_db_fn k_state_bwd_rows_wg_ptr(void); /* the same with the rows kernel's products */
 /* the fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a only, K = V = 128) */
 typedef void (*rows_wg_fn)(kp, const void *, ws);
 rows_wg_fn k_bwd_rows_wg_ptr(void);
 size_t smem_rows_wg(void);
 size_t smem_state_bwd_wg(void);
+size_t smem_state_bwd_rows_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wide_pick(int kv);
 #endif

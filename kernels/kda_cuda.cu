@@ -506,6 +506,23 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
   return !prec && kv == 128 && !(lay & ROWS_DVF) && (uintptr_t)dout % 16 == 0 && !(e && strcmp(e, "0") == 0) &&
          cc_major() == 9 && 2 * smem_rows_wg() <= smem_per_sm();
 }
+/* The kept reverse sweep with the rows kernel's products (kda_state_wg.cu's k_state_bwd_rows_wg:
+ * sm_90a, K = V = 128, chunk 64; one 512-thread block of 211 KB a (sequence, head), so one an
+ * SM) instead of k_state_bwd_tc_wg and k_bwd_rows_wg, wherever both would run and its grid
+ * fills at least 7/8 of the SMs: it holds a whole head where the two-block sweep split it in
+ * two blocks of two an SM, so a smaller grid leaves more of the card idle than the traffic it
+ * saves. KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run (read per call:
+ * test_kda_cuda checks it against the CPU reference, and that it ran: kda_kda_cuda_last_sr) */
+static int use_sweep_rows(const kda_kda_args *a, int wg_bwd, int rows_wg) {
+  const char *e = getenv("KDA_KDA_SR");
+  if (!wg_bwd || !rows_wg || (e && strcmp(e, "0") == 0) || smem_state_bwd_rows_wg() > (size_t)smem_optin_limit())
+    return 0;
+  if (e && strcmp(e, "1") == 0) return 1;
+  int nsm = sm_count();
+  return nsm && 8 * n_seq(a) * a->HV >= 7 * (int64_t)nsm;
+}
+static int last_sr;                                /* kda_kda_cuda_last_sr */
+int kda_kda_cuda_last_sr(void) { return last_sr; }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
  * not; KDA_KDA_COMPACT=0 turns them all off (read per call: the test's fourth path). Measured
@@ -851,7 +868,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
                                      int64_t workspace_bytes, void *stream) {
   const char *op = "kda_kda_cuda_backward";
   ws w;
-  last_fr = 0;
+  last_fr = last_sr = 0;
   if (check_common(a, op)) return -1;
   if (a->gate_mode == KDA_GATE_SOFTPLUS && !A_log)
     return kda_set_error("%s: the softplus gate (gate_mode 1) needs A_log [HV]: pass it", op);
@@ -902,7 +919,14 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
     const int fr = last_fr = use_final_fr(a, prec, kv, flow);
-    if (wide && use_wg_bwd(kv, dout)) {            /* the same on warpgroup MMAs */
+    const int srw = last_sr = wide && use_sweep_rows(a, use_wg_bwd(kv, dout), use_rows_wg(prec, kv, lay, dout));
+    if (srw) {                                     /* the sweep and the rows products in one kernel */
+      size_t sms = smem_state_bwd_rows_wg();
+      auto ks = k_state_bwd_rows_wg_ptr();
+      if (smem_opt_in((const void *)ks, sms, a, op, "k_state_bwd_rows_wg")) return -1;
+      ks<<<state_grid(a, (int)a->V), NTC, sms, st>>>(p, w, dout, dht, dh0);
+      LAUNCH_OK("k_state_bwd_rows_wg", "kda_kda_cuda_backward");
+    } else if (wide && use_wg_bwd(kv, dout)) {     /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();
       if (smem_opt_in((const void *)kw, smg, a, op, "k_state_bwd_tc_wg")) return -1;
@@ -948,7 +972,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     }
     if (!flow) {
       LAUNCH_OK("k_state_bwd_tc", "kda_kda_cuda_backward");
-      if (fr == 2) {                               /* no rows kernel: final and mat form its products */
+      if (fr == 2 || srw) {                        /* no rows kernel: other kernels form its products */
       } else if (use_rows_wg(prec, kv, lay, dout)) {
         auto krg = k_bwd_rows_wg_ptr();
         if (smem_opt_in((const void *)krg, smem_rows_wg(), a, op, "k_bwd_rows_wg")) return -1;

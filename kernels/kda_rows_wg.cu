@@ -31,22 +31,6 @@ template <int R> static __device__ __forceinline__ void rw_stage(sbf *s, const s
     cp_async16(s + wg_off<R>(r, c), g + (ok ? r : 0) * gs + c, ok);
   }
 }
-/* E(row, col, x0, x1, x2, x3) over a 64 x N warpgroup accumulator (rows row and row + 8,
- * columns col and col + 1, col from n0) */
-template <int N, class FE> static __device__ __forceinline__ void rw_frag(const float (&d)[N / 2], int n0, FE E) {
-  const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2);
-#pragma unroll
-  for (int j = 0; j < N / 8; j++) E(row, n0 + 8 * j + 2 * (l & 3), d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
-}
-/* d = A B^T over k = V: A a 64-row tile's descriptor, B an R-row tile's at its row n0 */
-template <int N, int R>
-static __device__ __forceinline__ void rw_issue(float (&d)[N / 2], uint64_t da, uint64_t db) {
-#pragma unroll
-  for (int k0 = 0; k0 < RW_K; k0 += 16) {
-    if constexpr (N == 32) wg_m64n32k16<0>(d, da + WG_KADVR(64, k0), db + WG_KADVR(R, k0), k0 > 0);
-    else wg_m64n16k16<0>(d, da + WG_KADVR(64, k0), db + WG_KADVR(R, k0), k0 > 0);
-  }
-}
 #endif
 
 __global__ void __launch_bounds__(NTC, 2) k_bwd_rows_wg(kp p, const void *dout, ws w) {

@@ -371,3 +371,241 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const vo
 #endif
 }
 state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }
+
+/* ---- the kept reverse sweep with the rows kernel's products (k_state_bwd_rows_wg) ----
+ * k_state_bwd_tc_wg's steps and k_bwd_rows_wg's products in one block a (sequence, head): four
+ * warpgroups, the state's 128 V columns n in two halves. Warpgroup g runs the sweep's steps as
+ * warpgroup g % 2 of the two-warpgroup kernel's block for columns [64 (g / 2), 64 (g / 2) + 64),
+ * on the same tiles (St, Vt and dO one per half, side by side), and the rows products as the
+ * rows kernel's warpgroup g. Why: the rows kernel reads back what the sweep has just held in
+ * shared memory (dS, dVn, dO: 64 KB a chunk) from the bf16 copies the sweep wrote for it (48 KB
+ * a chunk); together ~112 KB a chunk of the two kernels' ~377 KB go, and a launch. The
+ * products contract over V, which the two-block sweep split across blocks; here one block holds
+ * all of it, so the sweep's grid halves (one 211 KB block an SM): kda_cuda.cu's use_sweep_rows
+ * takes it only where that grid still fills the card.
+ * The rows products at chunk step ci (S0 the kept state entering the chunk, dS the state's
+ * gradient there, as St holds it before the step's update):
+ *   dKi = Vn dS^T  (Vn a K-major A; St, [n][k], an MN-major B)
+ *   dA  = s tril(dO Vn^T),  dQ = dO S0^T  (dO, [i][n] over both halves, a K-major A)
+ *   dW  = -dVn S0^T  (Vt, [n][i], an MN-major A)
+ *   dgn = rowsum_V(S0 . dS)  (bf16 St and S0, fp32 sums)
+ * The same bf16 operands and k order as k_bwd_rows_wg's: dQ, dW, dKi, dA the same products,
+ * dgn the same terms summed in another order. The sweep's dh and bf16 dVn are not written. */
+enum { SR_NT = 512, SR_DS = WG_K + 4 };   /* threads; the fp32 dVn tile's row pitch */
+/* bytes: W, s qg, kg, Aqk, St (two halves), Vt (two halves), dO, S0, Vn swizzled bf16 from a
+ * 1024-byte aligned base, then dVn fp32 [C][SR_DS], en [K], dgn's partials [8][K]; with the
+ * alignment's slack */
+size_t smem_state_bwd_rows_wg(void) {
+  return (size_t)(3 * WG_C * WG_K + WG_C * WG_C + 2 * WG_K * WG_K + 3 * WG_K * WG_C) * 2 +
+         (size_t)(WG_C * SR_DS + 9 * WG_K) * 4 + 1024;
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+/* wg_stage at SR_NT threads, unrolled (R x KD / 8 is a multiple of SR_NT), the thread index t
+ * passed opaque by the caller each step: the addresses are formed where they are used (as
+ * wg_stage's loops they were held across the steps: 180 bytes of spills) */
+template <int R, int KD>
+static __device__ __forceinline__ void sr_stage(sbf *s, const sbf *g, int gs, int m, int t) {
+  static_assert(R * KD / 8 % SR_NT == 0, "sr_stage: whole rounds of the block's threads");
+#pragma unroll
+  for (int u = 0; u < R * KD / 8 / SR_NT; u++) {
+    const int e = t + u * SR_NT, r = e / (KD / 8), kc = (e % (KD / 8)) << 3;
+    const bool ok = r < m;
+    cp_async16(s + wg_off<R>(r, kc), g + (ok ? r : 0) * gs + kc, ok);
+  }
+}
+/* one halving exchange of a lane's first C values with the lane across bit C of l: the lane
+ * with the bit clear keeps (and adds its partner's) values [0, C / 2), the other [C / 2, C),
+ * both into v[0, C / 2) */
+template <int C> static __device__ __forceinline__ void sr_halve(float (&v)[16], int l) {
+  const bool up = l & C;
+#pragma unroll
+  for (int i = 0; i < C / 2; i++) {
+    const float lo = v[i], hi = v[i + C / 2];
+    v[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, C);
+  }
+}
+#endif
+__global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, const void *dout, const float *dht,
+                                                               float *dh0) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(16) uint8_t raw[];
+  kv_fix<WG_K, SR_NT>(p);
+  constexpr int K = WG_K, C = WG_C, V = WG_K;
+  sbf *W = (sbf *)(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)), *qg = W + C * K, *kg = qg + C * K, *A = kg + C * K,
+      *St = A + C * C, *Vt = St + V * K, *dO = Vt + V * C, *S0 = dO + C * V, *Vn = S0 + K * V;
+  float *Dv = (float *)(Vn + C * V), *en = Dv + C * SR_DS, *red = en + K;
+  const st_blk b = st_block(p, w, blockIdx.x, V);
+  const int64_t h = b.h, HV = p.HV;
+  const int HVV = (int)(HV * V), HVK = (int)HV * K, HVC = (int)HV * C;
+  const int cf = b.cf, cl = b.cl;
+  const int g0 = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31;
+  const int rn0 = 16 * wq + (l >> 2), cq0 = 2 * (l & 3);   /* a fragment's first row (n), column pair */
+  st_tiles<sbf> tu = {};                          /* en (st_en_store) */
+  tu.en = en, tu.K16 = K;
+  float s[32];                                      /* dSᵀ of columns [64 (g0 / 2), +64) (wg_state_ld's layout) */
+  wg_state_ld(s, dht, b.sbase, 64 * (g0 >> 1), V, g0 & 1, rn0, cq0);
+  wg_shadow(St + (g0 >> 1) * 64 * K, s, g0 & 1, rn0, cq0);
+  /* the chunk's Aqk and kg, a step ahead (the next chunk down's during the update) */
+  auto stage_ak = [&](int ci, int t) {
+    const int64_t r0 = w.ctab[4 * ci + 1] * HV + h;
+    const int m = w.ctab[4 * ci + 2];
+    sr_stage<WG_C, WG_C>(A, w.Ab + r0 * C, HVC, m, t);
+    sr_stage<WG_C, WG_K>(kg, w.kgb + r0 * K, HVK, m, t);
+  };
+  if (cf < cl) stage_ak(cl - 1, threadIdx.x);
+  cp_async_commit();
+  for (int ci = cl - 1; ci >= cf; ci--) {
+    int g = g0, rn = rn0, cq = cq0, t = threadIdx.x;   /* opaque each step, as the two-block sweep's */
+    asm volatile("" : "+r"(g), "+r"(rn), "+r"(cq), "+r"(t));
+    const int nh = g >> 1, gh = g & 1;              /* the sweep's half and its warpgroup there */
+    const int64_t t0 = w.ctab[4 * ci + 1], r0 = t0 * HV + h, sr = ((int64_t)ci * HV + h) * K;
+    const int m = w.ctab[4 * ci + 2];
+    wg_proxy_fence();                               /* St (this thread's stores) to the wgmma reads */
+    __syncthreads();                                /* the previous step's readers of every tile done; St whole */
+    sr_stage<WG_C, V>(dO, (const sbf *)dout + r0 * V, HVV, m, t);
+    cp_async_commit();
+    sr_stage<WG_C, WG_K>(qg, w.qgb + r0 * K, HVK, m, t);
+    sr_stage<WG_C, WG_K>(W, w.Wb + r0 * K, HVK, m, t);
+    cp_async_commit();
+    sr_stage<K, V>(S0, (const sbf *)w.h + sr * V, V, K, t);
+    sr_stage<WG_C, V>(Vn, (const sbf *)w.vn + r0 * V, HVV, m, t);
+    cp_async_commit();
+    st_glast gl = st_glast_load(p, w, t0, m, h);
+    cp_async_wait_group<2>();                       /* Aqk, kg, dO (s qg, W, S0, Vn may fly) */
+    wg_proxy_fence();
+    __syncthreads();
+    /* the sweep's operands for half nh: dO's half an MN-major A, St's and Vt's halves K-major A's
+     * (Aqk, s qg, W MN-major B's, kg a K-major B: the two-block sweep's) */
+    const uint64_t dD = wg_desc(dO + nh * C * 64, 8192, 1024), dS = wg_desc(St + nh * 64 * K, 16, 1024),
+                   dV = wg_desc(Vt + nh * 64 * C, 16, 1024);
+    /* dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ: rows i of warpgroup gh's half */
+    float x[16];
+    {
+      const uint64_t dA = wg_desc(A, 8192, 1024) + 4 * gh, dK = wg_desc(kg, 16, 1024) + 256 * gh;
+      wg_fence();
+#pragma unroll
+      for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<1, 1>(x, dD + 8 * j0, dA + 8 * j0, j0 > 0);
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dK + WG_KADV(k0), 1);
+      wg_commit();
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int hq = 0; hq < 2; hq++) {
+        const int n = rn + 8 * hq, i = 32 * gh + 8 * j + cq;
+        const float x0 = x[4 * j + 2 * hq], x1 = x[4 * j + 2 * hq + 1];
+        *(__nv_bfloat162 *)(Vt + nh * 64 * C + wg_off<64>(n, i)) = __floats2bfloat162_rn(x0, x1);
+        Dv[i * SR_DS + 64 * nh + n] = x0, Dv[(i + 1) * SR_DS + 64 * nh + n] = x1;
+      }
+    st_en_store(p, tu, gl);
+    cp_async_wait_group<1>();                       /* s qg, W (S0, Vn may fly) */
+    wg_proxy_fence();                               /* Vt, s qg, W */
+    __syncthreads();                                /* Vt, Dv, s qg, W, en whole; Aqk, kg dead */
+    if (ci > cf) stage_ak(ci - 1, t);
+    cp_async_commit();
+    /* dSᵀ ← e^{G_last} ⊙ dSᵀ + dOᵀ s qg − dVnᵀ W (warpgroup gh's state columns) */
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * gh + 8 * j + cq + (q & 1)];
+    {
+      const uint64_t dQ = wg_desc(qg, 8192, 1024) + 512 * gh, dW = wg_desc(W, 8192, 1024) + 512 * gh;
+      wg_fence();
+#pragma unroll
+      for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 1>(s, dD + 8 * i0, dQ + 8 * i0, 1);
+#pragma unroll
+      for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 0, -1>(s, dV + WG_KADV(i0), dW + 8 * i0, 1);
+      wg_commit();
+    }
+    /* beside the update: dVn to its fp32 copy (rows i < m) */
+#pragma unroll
+    for (int u = 0; u < C * (V / 4) / SR_NT; u++) {
+      const int e = t + u * SR_NT, i = e / (V / 4), c = (e % (V / 4)) * 4;
+      if (i < m) {
+        const uint4 y = *(const uint4 *)(Dv + i * SR_DS + c);
+        stg16(w.dvn + r0 * V + i * HVV + c, y.x, y.y, y.z, y.w);
+      }
+    }
+    cp_async_wait_group<1>();                       /* S0, Vn (the next Aqk, kg may fly) */
+    wg_proxy_fence();
+    __syncthreads();                                /* S0, Vn whole */
+    /* the rows products, warpgroup g's columns. dKi = Vn dSᵀ and dA = s tril(dO Vnᵀ) first (dKi
+     * reads St, which the update's shadow overwrites) */
+    const uint64_t dDO = wg_desc(dO, 16, 1024), dS0 = wg_desc(S0, 16, 1024) + 256 * g;
+    float a[16], x8[8];
+    {
+      const uint64_t dVN = wg_desc(Vn, 16, 1024);
+      wg_fence();
+#pragma unroll
+      for (int n0 = 0; n0 < V; n0 += 16)            /* B: St rows n0.. (half n0 / 64), columns 32 g.. */
+        wg_m64n32k16<1>(a, dVN + WG_KADVR(64, n0),
+                        wg_desc(St + (n0 >> 6) * 64 * K + (g >> 1) * 64 * 64 + (n0 & 63) * 64 + 32 * (g & 1), 8192, 1024),
+                        n0 > 0);
+      rw_issue<16, C>(x8, dDO, dVN + 128 * g);
+      wg_commit();
+    }
+    {
+      /* dgn's partial sums beside them: each thread's St fragment (wg_shadow's positions: rows
+       * n = rn, rn + 8 of half nh, columns k = 64 gh + 8 j + cq, + 1) against S0 there, summed
+       * over the 8 lanes of a column pair by halving exchanges (16 values -> 2 in 14 shuffles;
+       * lane l keeps j = 4 b4 + 2 b3 + b2 of its bits l = b4 b3 b2 . .), into red[half, warp][k] */
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        v[2 * j] = v[2 * j + 1] = 0.f;
+#pragma unroll
+        for (int hq = 0; hq < 2; hq++) {
+          const int n = rn + 8 * hq, k = 64 * gh + 8 * j + cq, nf = 64 * nh + n;
+          const float2 d = __bfloat1622float2(*(const __nv_bfloat162 *)(St + nh * 64 * K + wg_off<64>(n, k)));
+          v[2 * j] = fmaf(d.x, __bfloat162float(S0[wg_off<K>(k, nf)]), v[2 * j]);
+          v[2 * j + 1] = fmaf(d.y, __bfloat162float(S0[wg_off<K>(k + 1, nf)]), v[2 * j + 1]);
+        }
+      }
+      sr_halve<16>(v, l), sr_halve<8>(v, l), sr_halve<4>(v, l);
+      const int k = 64 * gh + 8 * (4 * ((l >> 4) & 1) + 2 * ((l >> 3) & 1) + ((l >> 2) & 1)) + cq;
+      red[(4 * nh + wq) * K + k] = v[0], red[(4 * nh + wq) * K + k + 1] = v[1];
+    }
+    wg_wait<0>();                                   /* the update, dKi, dA */
+    const int RK = HVK, RC = HVC;
+    rw_frag<32>(a, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
+      if (i < m) st2f(w.dKi + r0 * K + (i * RK + d), x0, x1, true);
+      if (i + 8 < m) st2f(w.dKi + r0 * K + ((i + 8) * RK + d), x2, x3, true);
+    });
+    auto da = [&](int i, int j, float x0, float x1) {
+      auto v = [&](int jj, float xx) { return jj <= i && jj < m ? p.scale * xx : 0.f; };
+      if (i < m) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
+    };
+    rw_frag<16>(x8, 16 * g, [&](int i, int j, float x0, float x1, float x2, float x3) { da(i, j, x0, x1), da(i + 8, j, x2, x3); });
+    /* dQ = dO S0ᵀ and dW = -dVn S0ᵀ (dVn from Vt, an MN-major A over both halves' rows n) */
+    float c2[16];
+    wg_fence();
+    rw_issue<32, K>(a, dDO, dS0);
+#pragma unroll
+    for (int n0 = 0; n0 < V; n0 += 16) wg_m64n32k16<0, 1>(c2, wg_desc(Vt, 16384, 1024) + 8 * n0, dS0 + WG_KADVR(K, n0), n0 > 0);
+    wg_commit();
+    __syncthreads();                                /* every warpgroup's reads of St (dKi, dgn) done; red whole */
+    wg_shadow(St + nh * 64 * K, s, gh, rn, cq);
+    if (t < K) {
+      float y = 0.f;
+#pragma unroll
+      for (int r = 0; r < 8; r++) y += red[r * K + t];
+      w.dgn[((int64_t)ci * HV + h) * K + t] = y;
+    }
+    wg_wait<0>();
+    rw_frag<32>(a, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
+      if (i < m) st2f(w.dQ + r0 * K + (i * RK + d), x0, x1, true);
+      if (i + 8 < m) st2f(w.dQ + r0 * K + ((i + 8) * RK + d), x2, x3, true);
+    });
+    rw_frag<32>(c2, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
+      if (i < m) st2f(w.dW + r0 * K + (i * RK + d), -x0, -x1, true);
+      if (i + 8 < m) st2f(w.dW + r0 * K + ((i + 8) * RK + d), -x2, -x3, true);
+    });
+  }
+  if (dh0) wg_state_st(s, dh0, b.sbase, 64 * (g0 >> 1), V, g0 & 1, rn0, cq0);
+#else
+  __trap();   /* built for sm_90a only; the host never launches it elsewhere */
+#endif
+}
+state_bwd_db_fn k_state_bwd_rows_wg_ptr(void) { return k_state_bwd_rows_wg; }

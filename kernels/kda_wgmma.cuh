@@ -83,6 +83,24 @@ static __device__ __forceinline__ void wg_m64n16k16(float (&d)[8], uint64_t da, 
  * atom 2 k0 bytes, each atom 128 R bytes; in the descriptor's 16-byte units */
 #define WG_KADVR(R, k0) ((uint64_t)((((k0) >> 6) * (128 * (R)) + ((k0) & 63) * 2) >> 4))
 
+/* E(row, col, x0, x1, x2, x3) over a 64 x N warpgroup accumulator (rows row and row + 8,
+ * columns col and col + 1, col from n0): kda_rows_wg.cu's and the fused sweep's epilogues */
+template <int N, class FE> static __device__ __forceinline__ void rw_frag(const float (&d)[N / 2], int n0, FE E) {
+  const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2);
+#pragma unroll
+  for (int j = 0; j < N / 8; j++) E(row, n0 + 8 * j + 2 * (l & 3), d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+}
+/* d = A B^T over k in [0, 128): A a 64-row K-major tile's descriptor, B an R-row K-major tile's
+ * at its row n0 (N = 32 or 16) */
+template <int N, int R>
+static __device__ __forceinline__ void rw_issue(float (&d)[N / 2], uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int k0 = 0; k0 < 128; k0 += 16) {
+    if constexpr (N == 32) wg_m64n32k16<0>(d, da + WG_KADVR(64, k0), db + WG_KADVR(R, k0), k0 > 0);
+    else wg_m64n16k16<0>(d, da + WG_KADVR(64, k0), db + WG_KADVR(R, k0), k0 > 0);
+  }
+}
+
 /* ---- tf32 operands (fp32 tiles): kda_mat_wg.cu, kda_final_wg.cu ----
  * The same 128-byte swizzle on fp32 tiles: an atom is 32 columns (128 bytes a row), so a
  * 64-column tile is two atoms of R rows each. tf32 has no transpose bit: both operands of a

@@ -23,7 +23,9 @@
  * reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1, KDA_KDA_WGB=1,
  * KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all five) against the
  * CPU reference (the final kernel's flat chunks: the decay cases, "decay flat and steep chunks"
- * both kinds in one launch). Every KDA case runs four times: the tensor-core path (default:
+ * both kinds in one launch); the reverse sweep with the rows kernel's products (KDA_KDA_SR=1)
+ * against the two kernels it replaces, bit for bit but the gate's gradients, and against the
+ * CPU reference (having run: kda_kda_cuda_last_sr). Every KDA case runs four times: the tensor-core path (default:
  * its precise backward where the case sets precise_gate, the strict draws and the cases named
  * so), the version-1
  * kernels (KDA_KDA_SIMPLE=1), the tensor-core path with its precise backward on every case
@@ -435,6 +437,26 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       for (int k2 = 0; k2 < 5; k2++) setenv(wgsw[k2], "0", 1);            /* back to the mma.sync kernels */
       std::string what = std::string(": ") + wgwhat[c] + (c < 5 ? std::string(" (") + wgsw[c] + "=1)" : " (all five =1)");
       kept_vs_ref(what.c_str());
+    }
+    /* the reverse sweep with the rows kernel's products (kda_cuda.cu use_sweep_rows: one block
+     * a (sequence, head), by default where that grid fills the card, which no case here does),
+     * forced (KDA_KDA_SR=1) against the wgmma sweep and rows kernel it replaces (=0; both beside
+     * the wide forward, KDA_KDA_WGB=1, KDA_KDA_ROWSWG=1): the same products of the same bf16
+     * operands in the same k order, so every output the same bytes but the gate's (dg, dA_log,
+     * ddt_bias: dgn's sums run in another order), and all of them against the CPU reference */
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9) {
+      env_scope wd("KDA_KDA_WIDE", "1"), wb("KDA_KDA_WGB", "1"), rw("KDA_KDA_ROWSWG", "1");
+      std::vector<std::vector<char>> got[2];
+      int ran[2] = {-1, -1};                        /* kda_kda_cuda_last_sr after each */
+      for (int f = 0; f < 2 && !rc; f++) rc = kept_run("KDA_KDA_SR", f ? "1" : "0", 1, got[f]), ran[f] = kda_kda_cuda_last_sr();
+      bool same = !rc;
+      for (size_t i = 0; same && i < got[0].size(); i++)
+        if (i != 5 && i != 7 && i != 8) same = got[0][i] == got[1][i];   /* outs: dg 5, dA_log 7, ddt_bias 8 */
+      if (!rc && (ran[0] != 0 || ran[1] != 1))
+        printf("FAIL - %s: the reverse sweep with the rows products: KDA_KDA_SR=0, =1 ran %d, %d, not 0, 1\n", name, ran[0], ran[1]), nfail++;
+      else if (same) printf("ok - %s: the reverse sweep with the rows products (KDA_KDA_SR=1) = the two kernels, bit for bit but dg\n", name), npass++;
+      else printf("FAIL - %s: the reverse sweep with the rows products differs from the two kernels%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      kept_vs_ref(": the reverse sweep with the rows products (KDA_KDA_SR=1)");
     }
     /* the compiled K = V = 64 forms in their wide layouts (KDA_KDA_COMPACT=0): the H200 runs the
      * compact ones there (two blocks an SM), a card with less shared memory an SM runs these, and
