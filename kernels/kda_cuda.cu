@@ -511,8 +511,11 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
  * SM) instead of k_state_bwd_tc_wg and k_bwd_rows_wg, wherever both would run and its grid
  * fills at least 7/8 of the SMs: it holds a whole head where the two-block sweep split it in
  * two blocks of two an SM, so a smaller grid leaves more of the card idle than the traffic it
- * saves. KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run (read per call:
- * test_kda_cuda checks it against the CPU reference, and that it ran: kda_kda_cuda_last_sr) */
+ * saves (the 7/8 is a guess: only the 128-block grid of (8,2048,16,128) was measured). H100,
+ * one run, three rounds against KDA_KDA_SR=0 (2026-12-07s64a): fwd+bwd (8,2048,16,128)
+ * 2.497-2.526 -> 2.324-2.350 ms. KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
+ * (read per call: test_kda_cuda checks it against the two kernels and the CPU reference, and that
+ * it ran: kda_kda_cuda_last_sr) */
 static int use_sweep_rows(const kda_kda_args *a, int wg_bwd, int rows_wg) {
   const char *e = getenv("KDA_KDA_SR");
   if (!wg_bwd || !rows_wg || (e && strcmp(e, "0") == 0) || smem_state_bwd_rows_wg() > (size_t)smem_optin_limit())

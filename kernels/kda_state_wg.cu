@@ -390,7 +390,11 @@ state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }
  *   dW  = -dVn S0^T  (Vt, [n][i], an MN-major A)
  *   dgn = rowsum_V(S0 . dS)  (bf16 St and S0, fp32 sums)
  * The same bf16 operands and k order as k_bwd_rows_wg's: dQ, dW, dKi, dA the same products,
- * dgn the same terms summed in another order. The sweep's dh and bf16 dVn are not written. */
+ * dgn the same terms summed in another order. The sweep's dh and bf16 dVn are not written.
+ * H100, one run, three rounds against KDA_KDA_SR=0 (2026-12-07s64a): fwd+bwd (8,2048,16,128)
+ * 2.497-2.526 -> 2.324-2.350 ms; ncu: 452.9 us against the two kernels' 264.2 + 353.2, at 71%
+ * of DRAM peak (2.39 TB/s). Forming dKi and dA beside the dVn product instead, Vn staged a step
+ * ahead (wip/2026-12-07s64-sr2.patch), ran the same (2.315-2.324 ms, 455.7 us). */
 enum { SR_NT = 512, SR_DS = WG_K + 4 };   /* threads; the fp32 dVn tile's row pitch */
 /* bytes: W, s qg, kg, Aqk, St (two halves), Vt (two halves), dO, S0, Vn swizzled bf16 from a
  * 1024-byte aligned base, then dVn fp32 [C][SR_DS], en [K], dgn's partials [8][K]; with the
