@@ -128,6 +128,48 @@ static __device__ __forceinline__ void wg_shadow(sbf *St, const float (&s)[32], 
       *(__nv_bfloat162 *)(St + wg_off<64>(rn + 8 * hq, 64 * g + 8 * j + cq)) =
           __floats2bfloat162_rn(s[4 * j + 2 * hq], s[4 * j + 2 * hq + 1]);
 }
+/* s ← e^{G_last} ⊙ s: the update's decay of warpgroup g's state columns (en[k], k = 64 g + 8 j +
+ * cq + q % 2) */
+static __device__ __forceinline__ void wg_decay(float (&s)[32], const float *en, int g, int cq) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
+}
+/* The reverse sweep's two products (the two kernels below share them), each issued and committed:
+ * dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ (m64n32: dO an MN-major A, Aqk an MN-major B, St a K-major A, kg a
+ * K-major B, each descriptor at warpgroup g's offsets) ... */
+static __device__ __forceinline__ void wb_dvn(float (&x)[16], uint64_t dD, uint64_t dA, uint64_t dS, uint64_t dK) {
+  wg_fence();
+#pragma unroll
+  for (int j0 = 0; j0 < WG_C; j0 += 16) wg_m64n32k16<1, 1>(x, dD + 8 * j0, dA + 8 * j0, j0 > 0);
+#pragma unroll
+  for (int k0 = 0; k0 < WG_K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dK + WG_KADV(k0), 1);
+  wg_commit();
+}
+/* ... and dSᵀ += dOᵀ s qg − dVnᵀ W (m64n64: s qg and W MN-major B's, Vt a K-major A) */
+static __device__ __forceinline__ void wb_update(float (&s)[32], uint64_t dD, uint64_t dQ, uint64_t dV, uint64_t dW) {
+  wg_fence();
+#pragma unroll
+  for (int i0 = 0; i0 < WG_C; i0 += 16) wg_m64n64k16<1, 1>(s, dD + 8 * i0, dQ + 8 * i0, 1);
+#pragma unroll
+  for (int i0 = 0; i0 < WG_C; i0 += 16) wg_m64n64k16<1, 0, -1>(s, dV + WG_KADV(i0), dW + 8 * i0, 1);
+  wg_commit();
+}
+/* dVnᵀ's fragment (rows n = rn, rn + 8; chunk rows i of warpgroup g's half) to Vt (bf16 [n][i],
+ * the update's A) and to the fp32 tile Dv ([i][n], row pitch ds: the stores to global read it) */
+static __device__ __forceinline__ void wb_dvn_out(const float (&x)[16], sbf *Vt, float *Dv, int ds, int g, int rn,
+                                                  int cq) {
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+#pragma unroll
+    for (int hq = 0; hq < 2; hq++) {
+      const int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
+      const float x0 = x[4 * j + 2 * hq], x1 = x[4 * j + 2 * hq + 1];
+      *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = __floats2bfloat162_rn(x0, x1);
+      Dv[i * ds + n] = x0, Dv[(i + 1) * ds + n] = x1;
+    }
+}
 #endif
 
 __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const float *h0, void *o, float *ht) {
@@ -202,10 +244,7 @@ __global__ void __launch_bounds__(NTW, 2) k_state_fwd_tc_wg(kp p, ws w, const fl
     if (ci + 1 < cl) wg_stage_parts(p, w, tu, tl, ci + 1, h, c0, SG_U);
     cp_async_commit();
     /* Sᵀ ← e^{G_last} ⊙ Sᵀ, then oᵀ and the update's product, issued together */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
+    wg_decay(s, en, g, cq);
     wg_fence();
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dQ + WG_KADV(k0), k0 > 0);
@@ -320,22 +359,9 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const vo
     __syncthreads();
     /* dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ: rows i of warpgroup g's half */
     float x[16];
-    wg_fence();
-#pragma unroll
-    for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<1, 1>(x, dD + 8 * j0, dA + 8 * j0, j0 > 0);
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dK + WG_KADV(k0), 1);
-    wg_commit();
+    wb_dvn(x, dD, dA, dS, dK);
     wg_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int hq = 0; hq < 2; hq++) {
-        const int n = rn + 8 * hq, i = 32 * g + 8 * j + cq;
-        const float x0 = x[4 * j + 2 * hq], x1 = x[4 * j + 2 * hq + 1];
-        *(__nv_bfloat162 *)(Vt + wg_off<64>(n, i)) = __floats2bfloat162_rn(x0, x1);
-        Dv[i * WB_DS + n] = x0, Dv[(i + 1) * WB_DS + n] = x1;
-      }
+    wb_dvn_out(x, Vt, Dv, WB_DS, g, rn, cq);
     st_en_store(p, tu, gl);
     cp_async_wait_group<0>();                       /* s qg, W */
     wg_proxy_fence();                               /* Vt, s qg, W */
@@ -343,16 +369,8 @@ __global__ void __launch_bounds__(NTW, 2) k_state_bwd_tc_wg(kp p, ws w, const vo
     if (ci > cf) stage_ak(ci - 1);
     cp_async_commit();
     /* dSᵀ ← e^{G_last} ⊙ dSᵀ + dOᵀ s qg − dVnᵀ W */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * g + 8 * j + cq + (q & 1)];
-    wg_fence();
-#pragma unroll
-    for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 1>(s, dD + 8 * i0, dQ + 8 * i0, 1);
-#pragma unroll
-    for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 0, -1>(s, dV + WG_KADV(i0), dW + 8 * i0, 1);
-    wg_commit();
+    wg_decay(s, en, g, cq);
+    wb_update(s, dD, dQ, dV, dW);
     /* beside the products: dVn to its fp32 and bf16 copies (rows i < m) */
     wg_store_t<C>(w.dvnb + r0 * V + c0, HVV, Vt, m);
     for (int e = threadIdx.x; e < C * (BVW / 4); e += NTW) {
@@ -484,25 +502,9 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
                    dV = wg_desc(Vt + nh * 64 * C, 16, 1024);
     /* dVnᵀ = dOᵀ Aqk + dSᵀ kgᵀ: rows i of warpgroup gh's half */
     float x[16];
-    {
-      const uint64_t dA = wg_desc(A, 8192, 1024) + 4 * gh, dK = wg_desc(kg, 16, 1024) + 256 * gh;
-      wg_fence();
-#pragma unroll
-      for (int j0 = 0; j0 < C; j0 += 16) wg_m64n32k16<1, 1>(x, dD + 8 * j0, dA + 8 * j0, j0 > 0);
-#pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 16) wg_m64n32k16<0>(x, dS + WG_KADV(k0), dK + WG_KADV(k0), 1);
-      wg_commit();
-    }
+    wb_dvn(x, dD, wg_desc(A, 8192, 1024) + 4 * gh, dS, wg_desc(kg, 16, 1024) + 256 * gh);
     wg_wait<0>();
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int hq = 0; hq < 2; hq++) {
-        const int n = rn + 8 * hq, i = 32 * gh + 8 * j + cq;
-        const float x0 = x[4 * j + 2 * hq], x1 = x[4 * j + 2 * hq + 1];
-        *(__nv_bfloat162 *)(Vt + nh * 64 * C + wg_off<64>(n, i)) = __floats2bfloat162_rn(x0, x1);
-        Dv[i * SR_DS + 64 * nh + n] = x0, Dv[(i + 1) * SR_DS + 64 * nh + n] = x1;
-      }
+    wb_dvn_out(x, Vt + nh * 64 * C, Dv + 64 * nh, SR_DS, gh, rn, cq);
     st_en_store(p, tu, gl);
     cp_async_wait_group<1>();                       /* s qg, W (S0, Vn may fly) */
     wg_proxy_fence();                               /* Vt, s qg, W */
@@ -510,19 +512,8 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
     if (ci > cf) stage_ak(ci - 1, t);
     cp_async_commit();
     /* dSᵀ ← e^{G_last} ⊙ dSᵀ + dOᵀ s qg − dVnᵀ W (warpgroup gh's state columns) */
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) s[4 * j + q] *= en[64 * gh + 8 * j + cq + (q & 1)];
-    {
-      const uint64_t dQ = wg_desc(qg, 8192, 1024) + 512 * gh, dW = wg_desc(W, 8192, 1024) + 512 * gh;
-      wg_fence();
-#pragma unroll
-      for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 1>(s, dD + 8 * i0, dQ + 8 * i0, 1);
-#pragma unroll
-      for (int i0 = 0; i0 < C; i0 += 16) wg_m64n64k16<1, 0, -1>(s, dV + WG_KADV(i0), dW + 8 * i0, 1);
-      wg_commit();
-    }
+    wg_decay(s, en, gh, cq);
+    wb_update(s, dD, wg_desc(qg, 8192, 1024) + 512 * gh, dV, wg_desc(W, 8192, 1024) + 512 * gh);
     /* beside the update: dVn to its fp32 copy (rows i < m) */
 #pragma unroll
     for (int u = 0; u < C * (V / 4) / SR_NT; u++) {
