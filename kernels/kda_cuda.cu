@@ -508,7 +508,8 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
 }
 /* The kept reverse sweep with the rows kernel's products (kda_state_wg.cu's k_state_bwd_rows_wg:
  * sm_90a, K = V = 128, chunk 64; one 512-thread block of 211 KB a (sequence, head), so one an
- * SM) instead of k_state_bwd_tc_wg and k_bwd_rows_wg, wherever both would run and its grid
+ * SM) instead of k_state_bwd_tc_wg and k_bwd_rows_wg, wherever both would run (the caller
+ * asks only where the sweep would; rows_wg: whether the rows kernel would) and its grid
  * fills at least 7/8 of the SMs: it holds a whole head where the two-block sweep split it in
  * two blocks of two an SM, so a smaller grid leaves more of the card idle than the traffic it
  * saves (the 7/8 is a guess: only the 128-block grid of (8,2048,16,128) was measured). H100,
@@ -516,9 +517,9 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
  * 2.497-2.526 -> 2.324-2.350 ms. KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
  * (read per call: test_kda_cuda checks it against the two kernels and the CPU reference, and that
  * it ran: kda_kda_cuda_last_sr) */
-static int use_sweep_rows(const kda_kda_args *a, int wg_bwd, int rows_wg) {
+static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
   const char *e = getenv("KDA_KDA_SR");
-  if (!wg_bwd || !rows_wg || (e && strcmp(e, "0") == 0) || smem_state_bwd_rows_wg() > (size_t)smem_optin_limit())
+  if (!rows_wg || (e && strcmp(e, "0") == 0) || smem_state_bwd_rows_wg() > (size_t)smem_optin_limit())
     return 0;
   if (e && strcmp(e, "1") == 0) return 1;
   int nsm = sm_count();
@@ -922,14 +923,15 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int rt = chunk_threads(a, "rows", !prec && !kv && 2 * smr <= smem_per_sm() ? 256 : NTC);
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
     const int fr = last_fr = use_final_fr(a, prec, kv, flow);
-    const int srw = last_sr = wide && use_sweep_rows(a, use_wg_bwd(kv, dout), use_rows_wg(prec, kv, lay, dout));
+    const int wgb = wide && use_wg_bwd(kv, dout);  /* the wgmma reverse sweep, alone or with the rows products */
+    const int srw = last_sr = wgb && use_sweep_rows(a, use_rows_wg(prec, kv, lay, dout));
     if (srw) {                                     /* the sweep and the rows products in one kernel */
       size_t sms = smem_state_bwd_rows_wg();
       auto ks = k_state_bwd_rows_wg_ptr();
       if (smem_opt_in((const void *)ks, sms, a, op, "k_state_bwd_rows_wg")) return -1;
       ks<<<state_grid(a, (int)a->V), NTC, sms, st>>>(p, w, dout, dht, dh0);
       LAUNCH_OK("k_state_bwd_rows_wg", "kda_kda_cuda_backward");
-    } else if (wide && use_wg_bwd(kv, dout)) {     /* the same on warpgroup MMAs */
+    } else if (wgb) {                              /* the same on warpgroup MMAs */
       size_t smg = smem_state_bwd_wg();
       auto kw = k_state_bwd_tc_wg_ptr();
       if (smem_opt_in((const void *)kw, smg, a, op, "k_state_bwd_tc_wg")) return -1;

@@ -65,21 +65,22 @@ __global__ void __launch_bounds__(NTC, 2) k_bwd_rows_wg(kp p, const void *dout, 
   __syncthreads();
   /* dQ = dO S0^T and dW = -dVn S0^T, issued together; each stored as it completes */
   float a[16], b[16];
+  /* a 64 x 32 product's rows i < n to its [T, HV, K] output (sg = -1: negated) */
+  auto st_rows = [&](float *o, const float (&d)[16], float sg) {
+    rw_frag<32>(d, c0, [&](int i, int c, float x0, float x1, float x2, float x3) {
+      if (i < n) st2f(o + r0 * K + (i * RK + c), sg * x0, sg * x1, true);
+      if (i + 8 < n) st2f(o + r0 * K + ((i + 8) * RK + c), sg * x2, sg * x3, true);
+    });
+  };
   wg_fence();
   rw_issue<32, K>(a, dDO, dS0);
   wg_commit();
   rw_issue<32, K>(b, dDV, dS0);
   wg_commit();
   wg_wait<1>();
-  rw_frag<32>(a, c0, [&](int i, int d, float x0, float x1, float x2, float x3) {
-    if (i < n) st2f(w.dQ + r0 * K + (i * RK + d), x0, x1, true);
-    if (i + 8 < n) st2f(w.dQ + r0 * K + ((i + 8) * RK + d), x2, x3, true);
-  });
+  st_rows(w.dQ, a, 1.f);
   wg_wait<0>();
-  rw_frag<32>(b, c0, [&](int i, int d, float x0, float x1, float x2, float x3) {
-    if (i < n) st2f(w.dW + r0 * K + (i * RK + d), -x0, -x1, true);
-    if (i + 8 < n) st2f(w.dW + r0 * K + ((i + 8) * RK + d), -x2, -x3, true);
-  });
+  st_rows(w.dW, b, -1.f);
   cp_async_wait_group<0>();                        /* dS, Vn */
   wg_proxy_fence();
   __syncthreads();
@@ -104,10 +105,7 @@ __global__ void __launch_bounds__(NTC, 2) k_bwd_rows_wg(kp p, const void *dout, 
     }
   }
   wg_wait<1>();
-  rw_frag<32>(a, c0, [&](int i, int d, float x0, float x1, float x2, float x3) {
-    if (i < n) st2f(w.dKi + r0 * K + (i * RK + d), x0, x1, true);
-    if (i + 8 < n) st2f(w.dKi + r0 * K + ((i + 8) * RK + d), x2, x3, true);
-  });
+  st_rows(w.dKi, a, 1.f);
   wg_wait<0>();
   auto da = [&](int i, int j, float x0, float x1) {
     auto v = [&](int jj, float x) { return jj <= i && jj < n ? p.scale * x : 0.f; };

@@ -564,10 +564,14 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
     }
     wg_wait<0>();                                   /* the update, dKi, dA */
     const int RK = HVK, RC = HVC;
-    rw_frag<32>(a, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
-      if (i < m) st2f(w.dKi + r0 * K + (i * RK + d), x0, x1, true);
-      if (i + 8 < m) st2f(w.dKi + r0 * K + ((i + 8) * RK + d), x2, x3, true);
-    });
+    /* a 64 x 32 product's rows i < m to its [T, HV, K] output (sg = -1: negated) */
+    auto st_rows = [&](float *o, const float (&d)[16], float sg) {
+      rw_frag<32>(d, 32 * g, [&](int i, int c, float x0, float x1, float x2, float x3) {
+        if (i < m) st2f(o + r0 * K + (i * RK + c), sg * x0, sg * x1, true);
+        if (i + 8 < m) st2f(o + r0 * K + ((i + 8) * RK + c), sg * x2, sg * x3, true);
+      });
+    };
+    st_rows(w.dKi, a, 1.f);
     auto da = [&](int i, int j, float x0, float x1) {
       auto v = [&](int jj, float xx) { return jj <= i && jj < m ? p.scale * xx : 0.f; };
       if (i < m) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
@@ -589,14 +593,8 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
       w.dgn[((int64_t)ci * HV + h) * K + t] = y;
     }
     wg_wait<0>();
-    rw_frag<32>(a, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
-      if (i < m) st2f(w.dQ + r0 * K + (i * RK + d), x0, x1, true);
-      if (i + 8 < m) st2f(w.dQ + r0 * K + ((i + 8) * RK + d), x2, x3, true);
-    });
-    rw_frag<32>(c2, 32 * g, [&](int i, int d, float x0, float x1, float x2, float x3) {
-      if (i < m) st2f(w.dW + r0 * K + (i * RK + d), -x0, -x1, true);
-      if (i + 8 < m) st2f(w.dW + r0 * K + ((i + 8) * RK + d), -x2, -x3, true);
-    });
+    st_rows(w.dQ, a, 1.f);
+    st_rows(w.dW, c2, -1.f);
   }
   if (dh0) wg_state_st(s, dh0, b.sbase, 64 * (g0 >> 1), V, g0 & 1, rn0, cq0);
 #else
