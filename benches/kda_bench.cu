@@ -115,11 +115,29 @@ int main() {
          "# same clock (median); first_x = first_ms / wall_ms; med_ms, graph_ms: warm GPU time (cudaEvents)\n");
   printf("%-22s %-7s %9s %9s %9s %9s %9s %9s %9s %7s\n", "shape (B,T,H,D)", "mode", "first_ms", "med_ms",
          "graph_ms", "TFLOP/s", "GB/s", "Mtok/s", "wall_ms", "first_x");
-  int64_t shapes[][4] = {{8, 2048, 16, 128}, {1, 8192, 16, 128}, {32, 512, 4, 64}, {8, 512, 4, 64}};
+  int64_t shapes[8][4] = {{8, 2048, 16, 128}, {1, 8192, 16, 128}, {32, 512, 4, 64}, {8, 512, 4, 64}};
+  int ns = 4;
+  /* KDA_BENCH_DIMS="BxTxHxD/BxTxHxD...": these shapes (up to 8) instead of the four above (for
+   * measuring a kernel-selection rule at other grids; no commas: device_run.sh's entries split
+   * their variables at them) */
+  if (const char *dims = getenv("KDA_BENCH_DIMS")) {
+    ns = 0;
+    for (const char *c = dims; *c && ns < 8;) {
+      long long b, t, h, d;
+      int used = 0;
+      if (sscanf(c, "%lldx%lldx%lldx%lld%n", &b, &t, &h, &d, &used) != 4 || b < 1 || t < 1 || h < 1 || d < 1) {
+        fprintf(stderr, "KDA_BENCH_DIMS: '%s' is not BxTxHxD[/BxTxHxD...]: fix the list\n", c);
+        return 2;
+      }
+      shapes[ns][0] = b, shapes[ns][1] = t, shapes[ns][2] = h, shapes[ns][3] = d, ns++;
+      c += used;
+      if (*c == '/') c++;
+    }
+  }
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   const char *only = getenv("KDA_BENCH_SHAPE");   /* "0".."3": fwd+bwd at one shape (for ncu) */
-  for (int si = 0; si < 4; si++) {
+  for (int si = 0; si < ns; si++) {
     if (only && *only && atoi(only) != si) continue;
     const int64_t *s = shapes[si];
     int64_t B = s[0], T = s[1], H = s[2], D = s[3], C = 64;
