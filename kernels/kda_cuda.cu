@@ -510,11 +510,13 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
  * sm_90a, K = V = 128, chunk 64; one 512-thread block of 211 KB a (sequence, head), so one an
  * SM) instead of k_state_bwd_tc_wg and k_bwd_rows_wg, wherever both would run (the caller
  * asks only where the sweep would; rows_wg: whether the rows kernel would) and its grid
- * fills at least 7/8 of the SMs: it holds a whole head where the two-block sweep split it in
+ * fills at least half of the SMs: it holds a whole head where the two-block sweep split it in
  * two blocks of two an SM, so a smaller grid leaves more of the card idle than the traffic it
- * saves (the 7/8 is a guess: only the 128-block grid of (8,2048,16,128) was measured). H100,
- * one run, three rounds against KDA_KDA_SR=0 (2026-12-07s64a): fwd+bwd (8,2048,16,128)
- * 2.497-2.526 -> 2.324-2.350 ms. KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
+ * saves. H100, one run, three rounds against KDA_KDA_SR=0: fwd+bwd (8,2048,16,128), 128 heads,
+ * 2.497-2.526 -> 2.324-2.350 ms (2026-12-07s64a); at T = 2048 (s65a) 120 heads (8,2048,15,128)
+ * 2.388-2.398 -> 2.212-2.249, 112 heads 2.243-2.269 -> 2.108-2.113, 96 heads 1.982-1.993 ->
+ * 1.856-1.880, 64 heads (4,2048,16,128) 1.436-1.448 -> 1.428-1.441 (a tie: below half of the
+ * 132 SMs, where the rule stops). KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
  * (read per call: test_kda_cuda checks it against the two kernels and the CPU reference, and that
  * it ran: kda_kda_cuda_last_sr) */
 static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
@@ -523,7 +525,7 @@ static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
     return 0;
   if (e && strcmp(e, "1") == 0) return 1;
   int nsm = sm_count();
-  return nsm && 8 * n_seq(a) * a->HV >= 7 * (int64_t)nsm;
+  return nsm && 2 * n_seq(a) * a->HV >= (int64_t)nsm;
 }
 static int last_sr;                                /* kda_kda_cuda_last_sr */
 int kda_kda_cuda_last_sr(void) { return last_sr; }
