@@ -15,7 +15,7 @@
 #include <string.h>
 #include <vector>
 #include <algorithm>
-#include <omp.h>
+#include <thread>
 #include "kda.h"
 #include "kda_cuda.h"
 extern "C" void kda_phase_report(const char *title);   /* kernels/kda_tc.cu */
@@ -34,9 +34,10 @@ extern "C" void kda_phase_report(const char *title);   /* kernels/kda_tc.cu */
   } while (0)
 
 /* The inputs: a 64-bit LCG's draws, two a value (Box-Muller), in element order across every
- * dev_rand call. Filled by OpenMP threads, each jumping the LCG to its first element's state, so
- * that the values are those of the serial loop this replaced, bit for bit (checked on the CPU
- * against it, built by nvcc), and a call's setup no longer takes ~10 s at the large shapes */
+ * dev_rand call. Filled by one thread a core, each jumping the LCG to its first element's state,
+ * so that the values are those of the serial loop this replaced, bit for bit (checked on the CPU
+ * against it, built by nvcc), and a call's setup no longer takes ~10 s at the large shapes.
+ * std::thread, joined, not OpenMP: no idle pool spinning beside the first call's host timing */
 static const uint64_t LCG_A = 6364136223846793005ull, LCG_C = 1442695040888963407ull;
 static uint64_t rs = 7;
 static uint64_t lcg_skip(uint64_t s, uint64_t n) {   /* the state n steps on: (A, C) squared per bit of n */
@@ -48,10 +49,7 @@ static uint64_t lcg_skip(uint64_t s, uint64_t n) {   /* the state n steps on: (A
 static void *dev_rand(size_t n, int kind) {   /* 0 randn, 1 logsigmoid(randn), 2 sigmoid(randn) */
   std::vector<__nv_bfloat16> h(n);
   const uint64_t s0 = rs;
-#pragma omp parallel
-  {
-    const size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num(), i0 = n * t / nt,
-                 i1 = n * (t + 1) / nt;
+  auto fill = [&](size_t i0, size_t i1) {
     uint64_t s = lcg_skip(s0, 2 * i0);
     for (size_t i = i0; i < i1; i++) {
       s = s * LCG_A + LCG_C;
@@ -61,7 +59,12 @@ static void *dev_rand(size_t n, int kind) {   /* 0 randn, 1 logsigmoid(randn), 2
       const float x = (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
       h[i] = __float2bfloat16(kind == 0 ? x : kind == 1 ? -log1pf(expf(-x)) : 1 / (1 + expf(-x)));
     }
-  }
+  };
+  const size_t nt = n < (1u << 20) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  for (size_t t = 1; t < nt; t++) th.emplace_back(fill, n * t / nt, n * (t + 1) / nt);
+  fill(0, n / nt);
+  for (auto &x : th) x.join();
   rs = lcg_skip(s0, 2 * n);
   void *d;
   CK(cudaMalloc(&d, n * 2));
