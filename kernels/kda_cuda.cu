@@ -400,7 +400,7 @@ static void preload_kernels(int kv) {
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
-        ld((const void *)k_bwd_final_wg_ptr());
+        ld((const void *)k_bwd_final_wg_ptr()), ld((const void *)k_state_bwd_rows_wg_ptr());
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
