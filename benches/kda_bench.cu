@@ -145,9 +145,13 @@ int main() {
    * their variables at them) */
   if (const char *dims = getenv("KDA_BENCH_DIMS")) {
     ns = 0;
-    for (const char *c = dims; *c && ns < 8;) {
+    for (const char *c = dims; *c;) {
       long long b, t, h, d;
       int used = 0;
+      if (ns == 8) {
+        fprintf(stderr, "KDA_BENCH_DIMS: more than 8 shapes (from '%s' on): time them in two runs\n", c);
+        return 2;
+      }
       if (sscanf(c, "%lldx%lldx%lldx%lld%n", &b, &t, &h, &d, &used) != 4 || b < 1 || t < 1 || h < 1 || d < 1) {
         fprintf(stderr, "KDA_BENCH_DIMS: '%s' is not BxTxHxD[/BxTxHxD...]: fix the list\n", c);
         return 2;
