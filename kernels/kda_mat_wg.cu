@@ -47,8 +47,8 @@ template <int NTH = NTC, class RP> static __device__ __forceinline__ void mw_sta
  * chunk of row i (eight consecutive rows a quarter warp: eight different banks' chunks, the
  * swizzle's point) and writes its four values down column i of T (a warp's 32 consecutive
  * columns of one row: the 32 banks once) */
-static __device__ __forceinline__ void mw_round_t(float *S, float *T) {
-  for (int e = threadIdx.x; e < 64 * 16; e += NTC) {
+template <int NTH = NTC> static __device__ __forceinline__ void mw_round_t(float *S, float *T) {
+  for (int e = threadIdx.x; e < 64 * 16; e += NTH) {
     const int i = e & 63, c = (e >> 6) << 2;
     float4 *p = (float4 *)(S + wf_off<64>(i, c));
     const float4 x = *p;
@@ -111,33 +111,60 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
    * across the rounds, 2 and 3 a round's dv or dKb columns (one array for both: 16 registers
    * fewer than two, which spilled at the 64-register bound of two blocks an SM) */
   float acc[16];
-#pragma unroll 1
-  for (int rd = 0; rd < 4; rd++) {
-    const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
+  /* round rd's operands made ready by threads 0 .. NTH - 1: A0 tf32-rounded in place and its
+   * transpose T0 (dv, dKb contract over the chunk rows), B0 = tf32(b v) of the V rounds' half
+   * or Kb's half rounded */
+  auto prep = [&](int rd, auto nth) {
+    constexpr int NTH = decltype(nth)::value;
     const int d0 = 64 * (rd & 1);
-    cp_async_wait_all();                           /* this round's operands (staged by round rd - 1) */
-    __syncthreads();                               /* ... and the previous round's readers of T0 done */
-    if (rd == 0) mw_round_t(Ms, MsT);
-    mw_round_t(A0, T0);
-    if (!kr)                                       /* B0 = tf32(b_j v_jc), the half's columns */
-      for (int e = threadIdx.x; e < 64 * 16; e += NTC) {
+    mw_round_t<NTH>(A0, T0);
+    if (rd < 2)
+      for (int e = threadIdx.x; e < 64 * 16; e += NTH) {
         const int j = e & 63, c = (e >> 6) << 2;
         const sbf *vp = Vr + j * MW_VB + d0 + c;
         const float bj = bs[j];
         *(float4 *)(B0 + wf_off<64>(j, c)) =
             make_float4(tf32r(bj * f(vp[0])), tf32r(bj * f(vp[1])), tf32r(bj * f(vp[2])), tf32r(bj * f(vp[3])));
       }
-    else tf32r_tile(B0, MW_T);
-    wg_proxy_fence();
-    __syncthreads();
+    else
+      for (int e = threadIdx.x; e < MW_T / 4; e += NTH) {
+        float4 *q4 = (float4 *)B0 + e;
+        const float4 x = *q4;
+        *q4 = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
+      }
+  };
+  cp_async_wait_all();                             /* M, v, b and round 0's operands */
+  __syncthreads();
+  mw_round_t(Ms, MsT);
+  prep(0, std::integral_constant<int, NTC>());
+  wg_proxy_fence();
+  __syncthreads();
+  /* Round rd + 1's operands are made ready by warpgroups 0 and 1 alone, while 2 and 3 store
+   * round rd's dv or dKb: 0 and 1 stage them once their dM product has read A0 and B0, wait for
+   * their own copies, and (barrier 2) for 2 and 3's product to have read T0, then round,
+   * transpose and convert; one barrier ends the round. Before, every thread did it at the
+   * round's top, behind a barrier that 0 and 1 reached first (ncu s65a: barrier stalls 22% of
+   * this kernel's samples). H100, one machine, two calls against the kernel before
+   * (2026-12-07s65b, s65c): this kernel 434.9 -> 422.0 us (ncu, the same call), fwd+bwd
+   * (8,2048,16,128) 2.323-2.339 -> 2.305-2.334 ms, (1,8192,16,128) 1.541-1.556 -> 1.538-1.546 */
+#pragma unroll 1
+  for (int rd = 0; rd < 4; rd++) {
+    const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
+    const int d0 = 64 * (rd & 1);
     if (g < 2) {
       mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
       if (rd < 3) {
         wg01_sync();                               /* both warpgroups' products have read A0, B0 */
         stage(rd + 1, std::integral_constant<int, 256>());
+        cp_async_wait_all();
+        wg01_sync();                               /* every copy of the two warpgroups landed */
+        asm volatile("bar.sync 2, 512;\n" ::: "memory");   /* 2 and 3's product has read T0 */
+        prep(rd + 1, std::integral_constant<int, 256>());
+        wg_proxy_fence();
       }
     } else {
       mw_prod<32>(acc, wf_desc(MsT, 0), wf_desc(T0, 32 * (g - 2)), false);
+      if (rd < 3) asm volatile("bar.arrive 2, 512;\n" ::: "memory");
       if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           const sbf *v0 = Vr + j * MW_VB + d0 + c, *v1 = v0 + 8 * MW_VB;
@@ -151,6 +178,7 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
           if (j + 8 < n) st2f(w.dKb + r0 * K + ((j + 8) * RK + d0 + c), x2, x3, true);
         });
     }
+    if (rd < 3) __syncthreads();                   /* round rd + 1's operands whole */
   }
   __syncthreads();                                 /* every read of A0, B0 done */
   float *dMs = A0, *XT = B0;
