@@ -126,12 +126,7 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
         *(float4 *)(B0 + wf_off<64>(j, c)) =
             make_float4(tf32r(bj * f(vp[0])), tf32r(bj * f(vp[1])), tf32r(bj * f(vp[2])), tf32r(bj * f(vp[3])));
       }
-    else
-      for (int e = threadIdx.x; e < MW_T / 4; e += NTH) {
-        float4 *q4 = (float4 *)B0 + e;
-        const float4 x = *q4;
-        *q4 = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
-      }
+    else tf32r_tile(B0, MW_T, NTH);
   };
   cp_async_wait_all();                             /* M, v, b and round 0's operands */
   __syncthreads();
@@ -158,13 +153,13 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
         stage(rd + 1, std::integral_constant<int, 256>());
         cp_async_wait_all();
         wg01_sync();                               /* every copy of the two warpgroups landed */
-        asm volatile("bar.sync 2, 512;\n" ::: "memory");   /* 2 and 3's product has read T0 */
+        wg01_wait_23();                            /* 2 and 3's product has read T0 */
         prep(rd + 1, std::integral_constant<int, 256>());
         wg_proxy_fence();
       }
     } else {
       mw_prod<32>(acc, wf_desc(MsT, 0), wf_desc(T0, 32 * (g - 2)), false);
-      if (rd < 3) asm volatile("bar.arrive 2, 512;\n" ::: "memory");
+      if (rd < 3) wg23_done();                     /* T0 read: 0 and 1 may write the next */
       if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           const sbf *v0 = Vr + j * MW_VB + d0 + c, *v1 = v0 + 8 * MW_VB;

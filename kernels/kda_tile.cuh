@@ -344,10 +344,11 @@ template <class F> struct tftp {
 template <class T> struct is_tftp : std::false_type {};
 template <class F> struct is_tftp<tftp<F>> : std::true_type {};
 static __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(to_tf32(x)); }
-/* t[0 .. count) <- tf32r(t[..]), four floats a thread at a time (t 16-byte aligned, count % 4 == 0) */
-static __device__ __forceinline__ void tf32r_tile(float *t, int count) {
+/* t[0 .. count) <- tf32r(t[..]), four floats a thread at a time by threads 0 .. nth - 1 (t 16-byte
+ * aligned, count % 4 == 0) */
+static __device__ __forceinline__ void tf32r_tile(float *t, int count, int nth = BT) {
   float4 *q4 = (float4 *)t;
-  for (int e = threadIdx.x; e < count / 4; e += BT) {
+  for (int e = threadIdx.x; e < count / 4; e += nth) {
     float4 x = q4[e];
     q4[e] = make_float4(tf32r(x.x), tf32r(x.y), tf32r(x.z), tf32r(x.w));
   }

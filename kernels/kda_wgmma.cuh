@@ -52,6 +52,11 @@ template <int N> static __device__ __forceinline__ void wg_wait() {
 static __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* a barrier of warpgroups 0 and 1 alone (threads 0..255; hardware barrier 1, __syncthreads' is 0) */
 static __device__ __forceinline__ void wg01_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* a hand-over across a 512-thread block's four warpgroups on hardware barrier 2: warpgroups 2 and
+ * 3 arrive without waiting (their reads of a tile are done), 0 and 1 wait for them (and then
+ * write it) */
+static __device__ __forceinline__ void wg23_done() { asm volatile("bar.arrive 2, 512;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg01_wait_23() { asm volatile("bar.sync 2, 512;\n" ::: "memory"); }
 /* D (+)= A B for a 64 x N x 16 step: acc = 0 overwrites D; TB = 1: B is MN-major, TA = 1: A is
  * MN-major (its rows k, its 64 M columns one atom); SA = -1: D (+)= -A B */
 template <int TB, int TA = 0, int SA = 1>
