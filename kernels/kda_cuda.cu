@@ -516,7 +516,8 @@ static int use_rows_wg(int prec, int kv, int lay, const void *dout) {
  * 2.497-2.526 -> 2.324-2.350 ms (2026-12-07s64a); at T = 2048 (s65a) 120 heads (8,2048,15,128)
  * 2.388-2.398 -> 2.212-2.249, 112 heads 2.243-2.269 -> 2.108-2.113, 96 heads 1.982-1.993 ->
  * 1.856-1.880, 64 heads (4,2048,16,128) 1.436-1.448 -> 1.428-1.441 (a tie: below half of the
- * 132 SMs, where the rule stops). KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
+ * 132 SMs, where the rule stops); at the rule's smallest grid there, 68 heads (4,2048,17,128),
+ * 1.514-1.522 -> 1.462-1.474 (s65b). KDA_KDA_SR=0 turns it off, =1 takes it wherever both would run
  * (read per call: test_kda_cuda checks it against the two kernels and the CPU reference, and that
  * it ran: kda_kda_cuda_last_sr) */
 static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
