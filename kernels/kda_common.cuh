@@ -71,6 +71,9 @@ struct ws {
   float *vn, *dvn;  /* [.,V] */
   bf16 *dvnb;       /* [.,V] dVn in bf16 (version 2's fast path: the rows kernel's operand) */
   float *dQ, *dKi, *dW, *dKb; /* [.,K] */
+  bf16 *dQb, *dKib; /* [.,K] the inter-chunk dQ0, dKi0 in bf16 where the fused sweep hands them to
+                     * k_bwd_final_wg (Q16): in the rooms of dvnb and dh, which that backward
+                     * neither writes nor reads (it runs no rows kernel and no two-block sweep) */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
   float *Kb;        /* [.,K] b k e^G (version 2: written by k_intra_tc for k_bwd_mat_tc) */
@@ -377,7 +380,7 @@ size_t smem_mat_wg(void);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the fast wide K = V = 128 form with a flat chunk's intra-chunk terms on warpgroup MMAs, tf32
  * (kda_final_wg.cu: sm_90a only; smem_final_tc's bytes) */
-final_tc_fn k_bwd_final_wg_ptr(void);
+final_tc_fn k_bwd_final_wg_ptr(int q16);   /* q16: reading the fused sweep's bf16 dQ0, dKi0 */
 /* the fast compact K = V = 64 form that forms the rows kernel's dQ0, dKi0, dgn and dA itself from
  * dout (its last argument) and the state passes' bf16 copies (kda_final.cuh's FR; the rows kernel
  * then runs with ROWS_FR, or none beside k_bwd_mat_mw); smem_final_tc_compact's bytes, 256 threads */
@@ -415,7 +418,7 @@ state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
-state_bwd_db_fn k_state_bwd_rows_wg_ptr(void); /* the same with the rows kernel's products */
+state_bwd_db_fn k_state_bwd_rows_wg_ptr(int q16); /* the same with the rows kernel's products */
 /* the fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a only, K = V = 128) */
 typedef void (*rows_wg_fn)(kp, const void *, ws);
 rows_wg_fn k_bwd_rows_wg_ptr(void);

@@ -58,6 +58,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
   w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
+  w->dQb = w->dKib = nullptr;
   /* qn, kn (the row kernels' normalised q, k: version 1, and version 2's unfused front, whose
    * k_intra_tc stages them) are read only by the call that writes them, never by a kept
    * forward's backward (version 2's reads the raw q, k and rn): past the kept bytes. A kept
@@ -77,6 +78,8 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
     w->db = (float *)take(TH * 4);
     w->dh = (float *)take(NTu * a->HV * K * V * 4);
+    /* the fused sweep's bf16 hand-off (K = V = 128 only: TH K 2 bytes fit both rooms) */
+    w->dQb = w->dvnb, w->dKib = (bf16 *)w->dh;
     w->dgn = (float *)take(NTu * a->HV * K * 4);
     w->gpart = (float *)take(NTu * a->HV * (K + 1) * 4);
   }
@@ -400,7 +403,8 @@ static void preload_kernels(int kv) {
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
         ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
-        ld((const void *)k_bwd_final_wg_ptr()), ld((const void *)k_state_bwd_rows_wg_ptr());
+        ld((const void *)k_bwd_final_wg_ptr(0)), ld((const void *)k_bwd_final_wg_ptr(1)),
+        ld((const void *)k_state_bwd_rows_wg_ptr(0)), ld((const void *)k_state_bwd_rows_wg_ptr(1));
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
@@ -528,7 +532,14 @@ static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
   int nsm = sm_count();
   return nsm && 2 * n_seq(a) * a->HV >= (int64_t)nsm;
 }
-static int last_sr;                                /* kda_kda_cuda_last_sr */
+static int last_sr;                                /* kda_kda_cuda_last_sr: 0, 1, 2 (with q16) */
+/* Where the fused sweep runs beside k_bwd_final_wg: the inter-chunk dQ0, dKi0 it forms go to
+ * that kernel in bf16 (w.dQb, w.dKib; kda_final.cuh's Q16) instead of fp32. KDA_KDA_Q16=0 turns
+ * it off (read per call: test_kda_cuda checks both against the CPU reference) */
+static int use_q16(void) {
+  const char *e = getenv("KDA_KDA_Q16");
+  return !(e && strcmp(e, "0") == 0);
+}
 int kda_kda_cuda_last_sr(void) { return last_sr; }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
  * `compact`, 0 when it has none) when that lets two blocks share an SM and the wide one does
@@ -927,10 +938,15 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int flow = !prec && kept && !wide && use_state_db(a, smd) && rt == NTC && use_flow(a, "rows", "state_bwd");
     const int fr = last_fr = use_final_fr(a, prec, kv, flow);
     const int wgb = wide && use_wg_bwd(kv, dout);  /* the wgmma reverse sweep, alone or with the rows products */
-    const int srw = last_sr = wgb && use_sweep_rows(a, use_rows_wg(prec, kv, lay, dout));
+    const int srw = wgb && use_sweep_rows(a, use_rows_wg(prec, kv, lay, dout));
+    /* the final kernel's form (below), and whether the fused sweep hands it dQ0, dKi0 in bf16 */
+    size_t smf0 = smem_final_tc(a->chunk, a->K);
+    const int fcm = use_compact(smf0, smem_final_tc_compact(a->chunk, a->K));
+    const int fwg = use_final_wg(prec, fcm, kv), q16 = srw && fwg && use_q16();
+    last_sr = srw ? 1 + q16 : 0;
     if (srw) {                                     /* the sweep and the rows products in one kernel */
       size_t sms = smem_state_bwd_rows_wg();
-      auto ks = k_state_bwd_rows_wg_ptr();
+      auto ks = k_state_bwd_rows_wg_ptr(q16);
       if (smem_opt_in((const void *)ks, sms, a, op, "k_state_bwd_rows_wg")) return -1;
       ks<<<state_grid(a, (int)a->V), NTC, sms, st>>>(p, w, dout, dht, dh0);
       LAUNCH_OK("k_state_bwd_rows_wg", "kda_kda_cuda_backward");
@@ -1012,12 +1028,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (mwg) LAUNCH_OK("k_bwd_mat_wg", "kda_kda_cuda_backward");
     else if (mh) LAUNCH_OK("k_bwd_mat_tc_h", "kda_kda_cuda_backward");
     else LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
-    sm = smem_final_tc(a->chunk, a->K);
-    int fcm = use_compact(sm, smem_final_tc_compact(a->chunk, a->K));
-    if (fcm) sm = smem_final_tc_compact(a->chunk, a->K);
+    sm = fcm ? smem_final_tc_compact(a->chunk, a->K) : smf0;
     auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
-    const int fwg = use_final_wg(prec, fcm, kv);   /* the same shared memory */
-    if (fwg) kfn = k_bwd_final_wg_ptr();
+    if (fwg) kfn = k_bwd_final_wg_ptr(q16);        /* the same shared memory */
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : fwg ? "k_bwd_final_wg" : "k_bwd_final_tc"))
       return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;

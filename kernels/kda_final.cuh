@@ -47,6 +47,7 @@ struct final_flat {
   const float *Gs, *dAs, *dLs, *bs, *rq, *rk;
   const sbf *qb, *kb;
   float *X, *dGs, *dKbs, *dKig;
+  const sbf *dKib;                                 /* Q16: the inter-chunk dKi in bf16, else dKig's */
   float scale;
   int n, RS;
 };
@@ -74,7 +75,7 @@ template <bool SW> static __device__ __forceinline__ int fsw_at(int r, int d, in
   else return r * KS + d;
 }
 /* ph(s): the body's phase mark s (PH) */
-template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph);
+template <int NF, bool Q16, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph);
 /* FR: the rows kernel's products of the compact K = V = 64 form, formed where they are read.
  * The rows kernel wrote dQ0 = dO S0^T, dKi0 = Vn dS^T (C x K, over V), dgn = rowsum_V(S0 . dS)
  * and dA = s tril(dO Vn^T) (C x C) to global memory, and this kernel staged them back in fp32
@@ -133,13 +134,17 @@ static __device__ __forceinline__ void final_rows_products(const kp &p, const fl
  * fixed at compile time (loops and row checks fold), or 0: the chunk table's. WG (the fast wide
  * K = 128 form only, kda_final_wg.cu): a flat chunk's intra-chunk terms by final_flat_wg. FR
  * (the fast compact K = V = 64 form only, k_bwd_final_fr): the rows kernel's dQ0, dKi0, dgn
- * and dA formed here from dout and the state passes' bf16 copies (final_rows_products) */
-template <bool PR, bool CM, int KV, int NF, bool WG = false, bool FR = false>
+ * and dA formed here from dout and the state passes' bf16 copies (final_rows_products). Q16
+ * (WG only): dQ0 and dKi0 come from the fused sweep in bf16 (w.dQb, w.dKib: half the bytes
+ * of its stores and of this kernel's staging of them), staged as such into the first halves of
+ * their fp32 tiles' rooms and widened there */
+template <bool PR, bool CM, int KV, int NF, bool WG = false, bool FR = false, bool Q16 = false>
 static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const void *k, const void *g,
                                                     const void *beta, const float *A_log, const float *dt_bias,
                                                     void *dg, void *dbeta, void *dq_out, void *dk_out, ws w,
                                                     const void *dout = nullptr) {
   static_assert(!FR || (!PR && CM && KV == 64 && !WG), "FR: the fast compact K = V = 64 form");
+  static_assert(!Q16 || WG, "Q16: the wgmma form's hand-off from the fused sweep");
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
@@ -239,14 +244,20 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
      * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
      * block at (8,2048,16,128)) */
+    if constexpr (Q16) {                            /* bf16 [C][K] rows at the rooms' starts */
+      cp_tile_bf16((sbf *)Xd, K16, C, K16, n, K, w.dKib, t0, HV, h);
+      cp_tile_bf16((sbf *)dGs, K16, C, K16, n, K, w.dQb, t0, HV, h);
+    }
     if constexpr (!FR) {
-      cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
+      if constexpr (!Q16) cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
       cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
     }
     /* the inter-chunk dQ0 (the rows kernel's dO S0^T) into the dG tile, free until the
      * intra-chunk terms: the diagonal phase (a flat chunk's row-term epilogue) reads it there
      * and leaves dQ in its place */
-    if constexpr (WG) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
+    if constexpr (WG) {
+      if constexpr (!Q16) cp_tile_sw(dGs, n, [&](int r) { return dQg + r * RS; });
+    }
     else if constexpr (!FR) cp_tile_f32(dGs, KS, C, K16, n, (int)K, al, [&](int r) { return dQg + r * RS; });
   }
   for (int r = tid; r < C; r += BT) {
@@ -256,6 +267,26 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   cp_async_wait_all();
   __syncthreads();
+  if constexpr (Q16) {
+    /* the bf16 rows widened in place: a thread's 16 consecutive values of a row of each (64 rows
+     * of 8 such runs: 512 threads), all read before any is overwritten (a barrier between), then
+     * written where the fp32 staging put them (dQ0 in the dG tile's swizzled rows, dKi0 at X's
+     * pitch); rows past n were zero-filled */
+    static_assert(!Q16 || (KV == 128 && NTC == 512), "Q16: K = 128, 512 threads");
+    const int r = tid >> 3, c = (tid & 7) << 4;
+    const uint4 *q16 = (const uint4 *)((const sbf *)dGs + r * 128 + c), *k16 = (const uint4 *)((const sbf *)Xd + r * 128 + c);
+    const uint4 qa = q16[0], qz = q16[1], ka = k16[0], kz = k16[1];
+    __syncthreads();
+    auto put = [](float *dst, uint32_t a, uint32_t b) {
+      const float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)&a), y = __bfloat1622float2(*(const __nv_bfloat162 *)&b);
+      *(float4 *)dst = make_float4(x.x, x.y, y.x, y.y);
+    };
+    put(dGs + T(r, c), qa.x, qa.y), put(dGs + T(r, c + 4), qa.z, qa.w);
+    put(dGs + T(r, c + 8), qz.x, qz.y), put(dGs + T(r, c + 12), qz.z, qz.w);
+    put(Xd + r * XS + c, ka.x, ka.y), put(Xd + r * XS + c + 4, ka.z, ka.w);
+    put(Xd + r * XS + c + 8, kz.x, kz.y), put(Xd + r * XS + c + 12, kz.z, kz.w);
+    __syncthreads();
+  }
   if constexpr (FR) {
     final_rows_products(p, X, dAs, dGs, dGn, Xd, XS, CS, KS, n);
     stage_cm(false, true, w.dL);                    /* dL's rows into dA's tile, landing while the dGn phase runs */
@@ -302,7 +333,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   if constexpr (WG) {
     flat = chunk_flat_at(Gs, T, n, (int)K);
     if (flat)
-      final_flat_wg<NF>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dKig, p.scale, n, RS},
+      final_flat_wg<NF, Q16>(final_flat{Gs, dAs, dLs, bs, rq, rk, qb, kb, X, dGs, dKbs, dKig,
+                                        Q16 ? (const sbf *)w.dKib + g0 : nullptr, p.scale, n, RS},
                         [&](int s) { PH(s); });
   }
   if (!flat) {

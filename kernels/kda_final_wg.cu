@@ -82,7 +82,7 @@ static __device__ __forceinline__ void fw_stage_t(float *lo, float *hi, int h0, 
   }
 }
 
-template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph) {
+template <int NF, bool Q16, class FP> static __device__ __forceinline__ void final_flat_wg(const final_flat &f, FP ph) {
   constexpr int CS = 64 + 4, QB = 128 + 8;         /* bwd_final_tc's pitches at K = 128, C = 64 */
   auto T = [](int r, int d) { return fsw_at<true>(r, d, 0); };   /* G, dG, dKb: the body's swizzled rows */
   const int n = NF ? NF : f.n, tid = threadIdx.x, g = tid >> 7, RS = f.RS;
@@ -215,7 +215,8 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int j = r0 + 8 * h, d = d0 + 8 * jj + c0;
-      const float2 v = j < n ? *(const float2 *)(f.dKig + j * RS + d) : make_float2(0.f, 0.f);
+      float2 v = make_float2(0.f, 0.f);
+      if (j < n) v = Q16 ? __bfloat1622float2(*(const __nv_bfloat162 *)(f.dKib + j * RS + d)) : *(const float2 *)(f.dKig + j * RS + d);
       pf[4 * jj + 2 * h] = v.x, pf[4 * jj + 2 * h + 1] = v.y;
     }
   fw_stage_t(T1, T1, 0, 1, n, ybk);               /* Ybk^T of d < 64 into T1 (dL's, read by S3) */
@@ -255,21 +256,23 @@ template <int NF, class FP> static __device__ __forceinline__ void final_flat_wg
 }
 #endif
 
-/* a full chunk with n = 64 fixed, as k_bwd_final_tc's */
+/* a full chunk with n = 64 fixed, as k_bwd_final_tc's. Q16: dQ0, dKi0 from the fused sweep in
+ * bf16 (kda_final.cuh) */
+template <bool Q16>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_wg(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (full_chunk<false, 128>(p, w.ctab, blockIdx.x))
-    bwd_final_tc<false, false, 128, FULL_NF<false, 128>, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out,
-                                                              dk_out, w);
-  else bwd_final_tc<false, false, 128, 0, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
+    bwd_final_tc<false, false, 128, FULL_NF<false, 128>, true, false, Q16>(p, q, k, g, beta, A_log, dt_bias, dg,
+                                                                          dbeta, dq_out, dk_out, w);
+  else bwd_final_tc<false, false, 128, 0, true, false, Q16>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
 }
 
-final_tc_fn k_bwd_final_wg_ptr(void) { return k_bwd_final_wg; }
+final_tc_fn k_bwd_final_wg_ptr(int q16) { return q16 ? k_bwd_final_wg<true> : k_bwd_final_wg<false>; }
 
 #ifdef KDA_PHASES
 void kda_phase_take_final_wg(unsigned long long (*c)[KDA_PH_PHASES + 1]) { kda_phase_take(c); }
