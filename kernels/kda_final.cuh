@@ -244,10 +244,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
      * dgn into dGn: the dGn phase and the diagonal phase read them from here. They were global
      * loads after the staging, a latency of their own (the dGn phase 6.5k of 70.5k cycles a
      * block at (8,2048,16,128)) */
-    if constexpr (Q16) {                            /* bf16 [C][K] rows at the rooms' starts */
-      cp_tile_bf16((sbf *)Xd, K16, C, K16, n, K, w.dKib, t0, HV, h);
-      cp_tile_bf16((sbf *)dGs, K16, C, K16, n, K, w.dQb, t0, HV, h);
-    }
+    if constexpr (Q16)                              /* bf16 [C][K] rows at the rooms' starts */
+      for (int u = 0; u < 2; u++) {                 /* this thread's chunks: q16_own */
+        const int r = (tid >> 4) + 32 * u, c = (tid & 15) << 3;
+        const bool ok = r < n;
+        cp_async16((sbf *)Xd + r * 128 + c, ok ? w.dKib + ROWI(r) * K + c : w.dKib, ok);
+        cp_async16((sbf *)dGs + r * 128 + c, ok ? w.dQb + ROWI(r) * K + c : w.dQb, ok);
+      }
     if constexpr (!FR) {
       if constexpr (!Q16) cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
       cp_tile_f32(dGn, K16, 1, K16, 1, (int)K, al, [&](int) { return w.dgn + ((int64_t)cb * HV + h) * K; });
@@ -266,26 +269,44 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     dbi[r] = r < n ? w.db[ROWI(r)] : 0.f;            /* the mat kernel's dbeta part; the R terms add theirs */
   }
   cp_async_wait_all();
+  /* Q16: the bf16 rows widened in place behind the staging's barrier. A thread reads back the
+   * two 16-byte chunks of each tile that its own copies wrote (landed for it at its wait: rows
+   * r, r + 32, columns c .. c + 7; a warp's reads 512 contiguous bytes), the staging's barrier
+   * orders every read before any write, and it writes the same elements in fp32 where the fp32
+   * staging put them (dQ0 in the dG tile's swizzled rows, dKi0 at X's pitch), in two float4
+   * stores a chunk whose order alternates by lane (lanes 4 .. 7 of a quarter warp the high half
+   * first: its eight stores then fill the 32 banks once). Rows past n were zero-filled. The
+   * dGn phase reads Xd from its start: one barrier after the writes (the dG tile's first reader
+   * is after the dGn phase's own barrier). A widening pass of its own (a
+   * thread 16 values of a row, bank conflicts 2- and 4-way, two barriers) took 2.3k cycles a
+   * block (H100, s66a: the staging phase 8.4k -> 10.7k, k_bwd_final_wg 825.8 -> 871.7 us) */
+  [[maybe_unused]] uint4 q16_own[2][2];             /* [tile: dKi0, dQ0][u] */
+  if constexpr (Q16) {
+    static_assert(!Q16 || (KV == 128 && NTC == 512), "Q16: K = 128, 512 threads");
+    for (int u = 0; u < 2; u++) {
+      const int r = (tid >> 4) + 32 * u, c = (tid & 15) << 3;
+      q16_own[0][u] = *(const uint4 *)((const sbf *)Xd + r * 128 + c);
+      q16_own[1][u] = *(const uint4 *)((const sbf *)dGs + r * 128 + c);
+    }
+  }
   __syncthreads();
   if constexpr (Q16) {
-    /* the bf16 rows widened in place: a thread's 16 consecutive values of a row of each (64 rows
-     * of 8 such runs: 512 threads), all read before any is overwritten (a barrier between), then
-     * written where the fp32 staging put them (dQ0 in the dG tile's swizzled rows, dKi0 at X's
-     * pitch); rows past n were zero-filled */
-    static_assert(!Q16 || (KV == 128 && NTC == 512), "Q16: K = 128, 512 threads");
-    const int r = tid >> 3, c = (tid & 7) << 4;
-    const uint4 *q16 = (const uint4 *)((const sbf *)dGs + r * 128 + c), *k16 = (const uint4 *)((const sbf *)Xd + r * 128 + c);
-    const uint4 qa = q16[0], qz = q16[1], ka = k16[0], kz = k16[1];
-    __syncthreads();
-    auto put = [](float *dst, uint32_t a, uint32_t b) {
+    auto wid = [](uint32_t a, uint32_t b) {
       const float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)&a), y = __bfloat1622float2(*(const __nv_bfloat162 *)&b);
-      *(float4 *)dst = make_float4(x.x, x.y, y.x, y.y);
+      return make_float4(x.x, x.y, y.x, y.y);
     };
-    put(dGs + T(r, c), qa.x, qa.y), put(dGs + T(r, c + 4), qa.z, qa.w);
-    put(dGs + T(r, c + 8), qz.x, qz.y), put(dGs + T(r, c + 12), qz.z, qz.w);
-    put(Xd + r * XS + c, ka.x, ka.y), put(Xd + r * XS + c + 4, ka.z, ka.w);
-    put(Xd + r * XS + c + 8, kz.x, kz.y), put(Xd + r * XS + c + 12, kz.z, kz.w);
-    __syncthreads();
+    const int hi1 = (tid >> 2) & 1;                 /* store the high half first */
+    for (int u = 0; u < 2; u++) {
+      const int r = (tid >> 4) + 32 * u, c = (tid & 15) << 3;
+      const uint4 k8 = q16_own[0][u], q8 = q16_own[1][u];
+      const float4 klo = wid(k8.x, k8.y), khi = wid(k8.z, k8.w), qlo = wid(q8.x, q8.y), qhi = wid(q8.z, q8.w);
+      const int c1 = c + 4 * hi1, c2 = c + 4 - 4 * hi1;
+      *(float4 *)(Xd + r * XS + c1) = hi1 ? khi : klo;
+      *(float4 *)(Xd + r * XS + c2) = hi1 ? klo : khi;
+      *(float4 *)(dGs + T(r, c1)) = hi1 ? qhi : qlo;
+      *(float4 *)(dGs + T(r, c2)) = hi1 ? qlo : qhi;
+    }
+    __syncthreads();                                /* Xd whole for the dGn phase */
   }
   if constexpr (FR) {
     final_rows_products(p, X, dAs, dGs, dGn, Xd, XS, CS, KS, n);

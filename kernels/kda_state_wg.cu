@@ -412,7 +412,10 @@ state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }
  * H100, one run, three rounds against KDA_KDA_SR=0 (2026-12-07s64a): fwd+bwd (8,2048,16,128)
  * 2.497-2.526 -> 2.324-2.350 ms; ncu: 452.9 us against the two kernels' 264.2 + 353.2, at 71%
  * of DRAM peak (2.39 TB/s). Forming dKi and dA beside the dVn product instead, Vn staged a step
- * ahead (wip/2026-12-07s64-sr2.patch), ran the same (2.315-2.324 ms, 455.7 us). */
+ * ahead (wip/2026-12-07s64-sr2.patch), ran the same (2.315-2.324 ms, 455.7 us).
+ * Q16 (beside k_bwd_final_wg, kda_cuda.cu use_q16): dKi and dQ, read only by that kernel, go out
+ * in bf16 (st_rows_b16, whole sectors) to w.dKib, w.dQb: 32 of the ~144 KB a chunk this kernel
+ * writes, and as many of the final kernel's staging. dW (the mat kernel's) stays fp32. */
 enum { SR_NT = 512, SR_DS = WG_K + 4 };   /* threads; the fp32 dVn tile's row pitch */
 /* bytes: W, s qg, kg, Aqk, St (two halves), Vt (two halves), dO, S0, Vn swizzled bf16 from a
  * 1024-byte aligned base, then dVn fp32 [C][SR_DS], en [K], dgn's partials [8][K]; with the
