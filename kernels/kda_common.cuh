@@ -71,9 +71,10 @@ struct ws {
   float *vn, *dvn;  /* [.,V] */
   bf16 *dvnb;       /* [.,V] dVn in bf16 (version 2's fast path: the rows kernel's operand) */
   float *dQ, *dKi, *dW, *dKb; /* [.,K] */
-  bf16 *dQb, *dKib; /* [.,K] the inter-chunk dQ0, dKi0 in bf16 where the fused sweep hands them to
-                     * k_bwd_final_wg (Q16): in the rooms of dvnb and dh, which that backward
-                     * neither writes nor reads (it runs no rows kernel and no two-block sweep) */
+  bf16 *dQb, *dKib, *dWb; /* [.,K] the inter-chunk dQ0, dKi0 and dW in bf16 where the fused sweep
+                     * hands them to k_bwd_final_wg (Q16) and k_bwd_mat_wg (W16): in the rooms of
+                     * dvnb and dh, which that backward neither writes nor reads (it runs no rows
+                     * kernel and no two-block sweep) */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
   float *Kb;        /* [.,K] b k e^G (version 2: written by k_intra_tc for k_bwd_mat_tc) */
@@ -375,8 +376,8 @@ mat_tc_fn k_bwd_mat_mw_ptr(void);
 size_t smem_mat_tc_halves(int64_t C, int64_t K, int64_t V);
 __global__ void k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w);
 /* the same on warpgroup MMAs, tf32 (kda_mat_wg.cu: sm_90a only; four rounds, two blocks an SM) */
-mat_tc_fn k_bwd_mat_wg_ptr(void);
-size_t smem_mat_wg(void);
+mat_tc_fn k_bwd_mat_wg_ptr(int w16);   /* w16: reading the fused sweep's bf16 dW */
+size_t smem_mat_wg(int w16);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the fast wide K = V = 128 form with a flat chunk's intra-chunk terms on warpgroup MMAs, tf32
  * (kda_final_wg.cu: sm_90a only; smem_final_tc's bytes) */
@@ -418,7 +419,8 @@ state_fwd_fn k_state_fwd_tc_wide_pick(int kv);
 state_fwd_fn k_state_fwd_tc_wg_ptr(void);   /* kda_state_wg.cu (sm_90a only) */
 size_t smem_state_wg(void);
 state_bwd_db_fn k_state_bwd_tc_wg_ptr(void);   /* kda_state_wg.cu's reverse sweep (sm_90a only) */
-state_bwd_db_fn k_state_bwd_rows_wg_ptr(int q16); /* the same with the rows kernel's products */
+enum { SR_B16_QK = 1, SR_B16_W = 2 };   /* the fused sweep's bf16 hand-offs (k_state_bwd_rows_wg's B16) */
+state_bwd_db_fn k_state_bwd_rows_wg_ptr(int b16); /* the same with the rows kernel's products */
 /* the fast rows kernel on warpgroup MMAs (kda_rows_wg.cu: sm_90a only, K = V = 128) */
 typedef void (*rows_wg_fn)(kp, const void *, ws);
 rows_wg_fn k_bwd_rows_wg_ptr(void);

@@ -58,7 +58,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
   w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
-  w->dQb = w->dKib = nullptr;
+  w->dQb = w->dKib = w->dWb = nullptr;
   /* qn, kn (the row kernels' normalised q, k: version 1, and version 2's unfused front, whose
    * k_intra_tc stages them) are read only by the call that writes them, never by a kept
    * forward's backward (version 2's reads the raw q, k and rn): past the kept bytes. A kept
@@ -78,8 +78,8 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
     w->db = (float *)take(TH * 4);
     w->dh = (float *)take(NTu * a->HV * K * V * 4);
-    /* the fused sweep's bf16 hand-off (K = V = 128 only: TH K 2 bytes fit both rooms) */
-    w->dQb = w->dvnb, w->dKib = (bf16 *)w->dh;
+    /* the fused sweep's bf16 hand-offs (K = V = 128 only: dh's room holds two of TH K 2 bytes) */
+    w->dQb = w->dvnb, w->dKib = (bf16 *)w->dh, w->dWb = w->dKib + TH * K;
     w->dgn = (float *)take(NTu * a->HV * K * 4);
     w->gpart = (float *)take(NTu * a->HV * (K + 1) * 4);
   }
@@ -402,9 +402,10 @@ static void preload_kernels(int kv) {
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
     ld((const void *)k_state_fwd_tc_wg_ptr()), ld((const void *)k_state_bwd_tc_wg_ptr()),
-        ld((const void *)k_bwd_mat_wg_ptr()), ld((const void *)k_bwd_rows_wg_ptr()),
-        ld((const void *)k_bwd_final_wg_ptr(0)), ld((const void *)k_bwd_final_wg_ptr(1)),
-        ld((const void *)k_state_bwd_rows_wg_ptr(0)), ld((const void *)k_state_bwd_rows_wg_ptr(1));
+        ld((const void *)k_bwd_mat_wg_ptr(0)), ld((const void *)k_bwd_mat_wg_ptr(1)),
+        ld((const void *)k_bwd_rows_wg_ptr()), ld((const void *)k_bwd_final_wg_ptr(0)),
+        ld((const void *)k_bwd_final_wg_ptr(1));
+    for (int b = 0; b < 4; b++) ld((const void *)k_state_bwd_rows_wg_ptr(b));
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
@@ -532,13 +533,18 @@ static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
   int nsm = sm_count();
   return nsm && 2 * n_seq(a) * a->HV >= (int64_t)nsm;
 }
-static int last_sr;                                /* kda_kda_cuda_last_sr: 0, 1, 2 (with q16) */
-/* Where the fused sweep runs beside k_bwd_final_wg: the inter-chunk dQ0, dKi0 it forms go to
- * that kernel in bf16 (w.dQb, w.dKib; kda_final.cuh's Q16) instead of fp32. KDA_KDA_Q16=0 turns
- * it off (read per call: test_kda_cuda checks both against the CPU reference) */
-static int use_q16(void) {
-  const char *e = getenv("KDA_KDA_Q16");
-  return !(e && strcmp(e, "0") == 0);
+static int last_sr;                                /* kda_kda_cuda_last_sr: 0, or 1 + the hand-offs */
+/* The fused sweep's bf16 hand-offs (kda_state_wg.cu's B16), each where its reader runs: the
+ * inter-chunk dQ0, dKi0 to k_bwd_final_wg (w.dQb, w.dKib; kda_final.cuh's Q16) where that kernel
+ * runs, dW to k_bwd_mat_wg (w.dWb; kda_mat_wg.cu's W16) where that one does and its bf16 room
+ * fits two blocks an SM; else fp32, as every other reader takes them. H100, one run, three rounds
+ * (2026-12-07s66b): dQ0, dKi0 in bf16, fwd+bwd (8,2048,16,128) 2.289-2.316 -> 2.247-2.258 ms
+ * (the sweep 450.5 -> 409.0 us, ncu; the final kernel the same). KDA_KDA_B16=0 turns them off
+ * (read per call: test_kda_cuda checks each against the CPU reference) */
+static int use_b16(int fwg, int mwg) {
+  const char *e = getenv("KDA_KDA_B16");
+  if (e && strcmp(e, "0") == 0) return 0;
+  return (fwg ? SR_B16_QK : 0) | (mwg && 2 * smem_mat_wg(1) <= smem_per_sm() ? SR_B16_W : 0);
 }
 int kda_kda_cuda_last_sr(void) { return last_sr; }
 /* A chunk kernel's compact layout (small heads) instead of its wide one (smem bytes `wide`,
@@ -580,7 +586,7 @@ static int use_mat_halves(int prec, int kv) {
  * this one against the CPU reference) */
 static int use_mat_wg(int mh) {
   const char *e = getenv("KDA_KDA_MATWG");
-  return mh && cc_major() == 9 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_wg() <= smem_per_sm();
+  return mh && cc_major() == 9 && !(e && strcmp(e, "0") == 0) && 2 * smem_mat_wg(0) <= smem_per_sm();
 }
 /* The fast wide final kernel at K = V = 128 with a flat chunk's intra-chunk terms on warpgroup
  * MMAs (kda_final_wg.cu: sm_90a, tf32; a steep chunk takes k_bwd_final_tc's path in the same
@@ -939,14 +945,15 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     const int fr = last_fr = use_final_fr(a, prec, kv, flow);
     const int wgb = wide && use_wg_bwd(kv, dout);  /* the wgmma reverse sweep, alone or with the rows products */
     const int srw = wgb && use_sweep_rows(a, use_rows_wg(prec, kv, lay, dout));
-    /* the final kernel's form (below), and whether the fused sweep hands it dQ0, dKi0 in bf16 */
+    /* the mat and final kernels' forms (below), and what the fused sweep hands them in bf16 */
+    const int mh = use_mat_halves(prec, kv), mwg = use_mat_wg(mh);
     size_t smf0 = smem_final_tc(a->chunk, a->K);
     const int fcm = use_compact(smf0, smem_final_tc_compact(a->chunk, a->K));
-    const int fwg = use_final_wg(prec, fcm, kv), q16 = srw && fwg && use_q16();
-    last_sr = srw ? 1 + q16 : 0;
+    const int fwg = use_final_wg(prec, fcm, kv), b16 = srw ? use_b16(fwg, mwg) : 0;
+    last_sr = srw ? 1 + b16 : 0;
     if (srw) {                                     /* the sweep and the rows products in one kernel */
       size_t sms = smem_state_bwd_rows_wg();
-      auto ks = k_state_bwd_rows_wg_ptr(q16);
+      auto ks = k_state_bwd_rows_wg_ptr(b16);
       if (smem_opt_in((const void *)ks, sms, a, op, "k_state_bwd_rows_wg")) return -1;
       ks<<<state_grid(a, (int)a->V), NTC, sms, st>>>(p, w, dout, dht, dh0);
       LAUNCH_OK("k_state_bwd_rows_wg", "kda_kda_cuda_backward");
@@ -1015,10 +1022,9 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     int mcm = use_compact(sm, smc);
     if (mcm) sm = smc;
     auto kmt = k_bwd_mat_tc_pick(prec, mcm, kv);
-    const int mh = use_mat_halves(prec, kv);
-    const int mwg = use_mat_wg(mh);
+    const int w16 = !!(b16 & SR_B16_W);
     if (mh) kmt = k_bwd_mat_tc_h, sm = smem_mat_tc_halves(a->chunk, a->K, a->V);
-    if (mwg) kmt = k_bwd_mat_wg_ptr(), sm = smem_mat_wg();
+    if (mwg) kmt = k_bwd_mat_wg_ptr(w16), sm = smem_mat_wg(w16);
     if (fr == 2) kmt = k_bwd_mat_mw_ptr();         /* mcm: smem_mat_tc_compact's bytes */
     if (smem_opt_in((const void *)kmt, sm, a, op,
                     prec ? "k_bwd_mat_tc_p" : mwg ? "k_bwd_mat_wg" : mh ? "k_bwd_mat_tc_h" : "k_bwd_mat_tc"))
@@ -1030,7 +1036,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     else LAUNCH_OK("k_bwd_mat_tc", "kda_kda_cuda_backward");
     sm = fcm ? smem_final_tc_compact(a->chunk, a->K) : smf0;
     auto kfn = k_bwd_final_tc_pick(prec, fcm, kv);
-    if (fwg) kfn = k_bwd_final_wg_ptr(q16);        /* the same shared memory */
+    if (fwg) kfn = k_bwd_final_wg_ptr(!!(b16 & SR_B16_QK));   /* the same shared memory */
     if (smem_opt_in((const void *)kfn, sm, a, op, prec ? "k_bwd_final_tc_p" : fwg ? "k_bwd_final_wg" : "k_bwd_final_tc"))
       return -1;
     if (fcm && carveout_max((const void *)kfn, a, op)) return -1;

@@ -27,10 +27,13 @@
 #include "kda_tc.cuh"
 #include "kda_wgmma.cuh"
 
-enum { MW_T = 64 * 64, MW_VB = 128 + 8 };   /* a 64 x 64 fp32 tile (floats); v's bf16 pitch */
+enum { MW_T = 64 * 64, MW_VB = 128 + 8, MW_WB = 64 + 8 };   /* a 64 x 64 fp32 tile (floats); v's, W16's bf16 pitches */
 /* bytes: Ms, MsT, A0, B0, T0 (swizzled fp32), v (bf16 [64][MW_VB]), the dbeta partials
- * [64][mat_ps(128)], b; from a 1024-byte aligned base (the swizzle's), with its slack */
-size_t smem_mat_wg(void) { return (size_t)5 * MW_T * 4 + 64 * MW_VB * 2 + (64 * mat_ps(128) + 64) * 4 + 1024; }
+ * [64][mat_ps(128)], b; W16: a dW half in bf16 [64][MW_WB]; from a 1024-byte aligned base (the
+ * swizzle's), with its slack */
+size_t smem_mat_wg(int w16) {
+  return (size_t)5 * MW_T * 4 + 64 * MW_VB * 2 + (64 * mat_ps(128) + 64) * 4 + (w16 ? 64 * MW_WB * 2 : 0) + 1024;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* cp.async of rows [0, n) of a 64 x 64 fp32 block (row r at rowp(r), 16-byte aligned) into a
@@ -70,7 +73,12 @@ template <int N> static __device__ __forceinline__ void mw_prod(float (&d)[N / 2
   wg_wait<0>();
 }
 
-template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const void *v, void *dv, ws w) {
+/* W16: dW from the fused sweep in bf16 (w.dWb). A K round's dW half is copied as such into a room
+ * of its own (Wst, 9 KB) instead of A0, and its preparation writes A0 and T0 from it (bf16 is
+ * exact in tf32: no rounding). With a room of its own the copy needs no free A0: round 2's is
+ * issued with the first copies, round 3's at round 2's start, a product ahead of where the fp32
+ * dW half is copied (after warpgroups 0 and 1 have read A0), and it is half the bytes */
+template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
   extern __shared__ __align__(16) uint8_t raw[];
   const int *ct = w.ctab + 4 * blockIdx.x;
@@ -85,6 +93,7 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
         *B0 = A0 + MW_T, *T0 = B0 + MW_T;
   sbf *Vr = (sbf *)(T0 + MW_T);
   float *part = (float *)(Vr + 64 * MW_VB), *bs = part + 64 * PS;
+  sbf *Wst = (sbf *)(bs + 64);                     /* W16's dW half */
   const int g = threadIdx.x >> 7;                  /* warpgroup */
   /* M, v (whole), b, then the first round's dVn half */
   mw_stage(Ms, n, [&](int i) { return w.M + ROWI(i) * C; });
@@ -102,11 +111,21 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
     const int d0 = 64 * (rd & 1);
     if (rd < 2) mw_stage<NTH>(A0, n, [&](int i) { return w.dvn + ROWI(i) * V + d0; });
     else {
-      mw_stage<NTH>(A0, n, [&](int i) { return w.dW + ROWI(i) * K + d0; });
+      if constexpr (!W16) mw_stage<NTH>(A0, n, [&](int i) { return w.dW + ROWI(i) * K + d0; });
       mw_stage<NTH>(B0, n, [&](int i) { return w.Kb + ROWI(i) * K + d0; });
     }
   };
+  /* W16: K round 2 + hf's dW half into Wst (rows of 128 bytes, 16-byte copies, zeros past n) */
+  auto stage_w = [&](int hf, auto nth) {
+    constexpr int NTH = decltype(nth)::value;
+    for (int e = threadIdx.x; e < 64 * 8; e += NTH) {
+      const int r = e >> 3, c = (e & 7) << 3;
+      const bool ok = r < n;
+      cp_async16(Wst + r * MW_WB + c, ok ? w.dWb + ROWI(r) * K + 64 * hf + c : w.dWb, ok);
+    }
+  };
   stage(0, std::integral_constant<int, NTC>());
+  if constexpr (W16) stage_w(0, std::integral_constant<int, NTC>());
   /* a warpgroup's accumulators: warpgroups 0, 1 hold dM's columns [32 g, 32 g + 32) in them
    * across the rounds, 2 and 3 a round's dv or dKb columns (one array for both: 16 registers
    * fewer than two, which spilled at the 64-register bound of two blocks an SM) */
@@ -117,7 +136,24 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
   auto prep = [&](int rd, auto nth) {
     constexpr int NTH = decltype(nth)::value;
     const int d0 = 64 * (rd & 1);
-    mw_round_t<NTH>(A0, T0);
+    if (W16 && rd >= 2)                            /* A0 and T0 = A0^T from Wst; a thread 8 values of row i */
+      for (int e = threadIdx.x; e < 64 * 8; e += NTH) {
+        const int i = e & 63, c = (e >> 6) << 3;
+        const uint4 u = *(const uint4 *)(Wst + i * MW_WB + c);
+        const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
+        float y[8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&uw[q]);
+          y[2 * q] = t.x, y[2 * q + 1] = t.y;
+        }
+        *(float4 *)(A0 + wf_off<64>(i, c)) = make_float4(y[0], y[1], y[2], y[3]);
+        *(float4 *)(A0 + wf_off<64>(i, c + 4)) = make_float4(y[4], y[5], y[6], y[7]);
+        const float lo[4] = {y[0], y[1], y[2], y[3]}, hi[4] = {y[4], y[5], y[6], y[7]};
+        wf_put_col4<64>(T0, c, i, lo);
+        wf_put_col4<64>(T0, c + 4, i, hi);
+      }
+    else mw_round_t<NTH>(A0, T0);
     if (rd < 2)
       for (int e = threadIdx.x; e < 64 * 16; e += NTH) {
         const int j = e & 63, c = (e >> 6) << 2;
@@ -147,6 +183,7 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
     const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
     const int d0 = 64 * (rd & 1);
     if (g < 2) {
+      if (W16 && rd == 2) stage_w(1, std::integral_constant<int, 256>());   /* Wst read by prep(2): round 1's barrier since */
       mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
       if (rd < 3) {
         wg01_sync();                               /* both warpgroups' products have read A0, B0 */
@@ -205,13 +242,14 @@ template <int NF> static __device__ __forceinline__ void bwd_mat_wg(kp p, const 
 #endif
 
 /* a full chunk with n = 64 fixed, as the halves kernel's */
+template <bool W16>
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_wg(kp p, const void *v, const void *dout, void *dv, ws w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_wg<FULL_NF<false, 128>>(p, v, dv, w);
-  else bwd_mat_wg<0>(p, v, dv, w);
+  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_wg<FULL_NF<false, 128>, W16>(p, v, dv, w);
+  else bwd_mat_wg<0, W16>(p, v, dv, w);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
 }
 
-mat_tc_fn k_bwd_mat_wg_ptr(void) { return k_bwd_mat_wg; }
+mat_tc_fn k_bwd_mat_wg_ptr(int w16) { return w16 ? k_bwd_mat_wg<true> : k_bwd_mat_wg<false>; }

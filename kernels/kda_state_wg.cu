@@ -413,9 +413,10 @@ state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }
  * 2.497-2.526 -> 2.324-2.350 ms; ncu: 452.9 us against the two kernels' 264.2 + 353.2, at 71%
  * of DRAM peak (2.39 TB/s). Forming dKi and dA beside the dVn product instead, Vn staged a step
  * ahead (wip/2026-12-07s64-sr2.patch), ran the same (2.315-2.324 ms, 455.7 us).
- * Q16 (beside k_bwd_final_wg, kda_cuda.cu use_q16): dKi and dQ, read only by that kernel, go out
- * in bf16 (st_rows_b16, whole sectors) to w.dKib, w.dQb: 32 of the ~144 KB a chunk this kernel
- * writes, and as many of the final kernel's staging. dW (the mat kernel's) stays fp32. */
+ * B16 (kda_cuda.cu use_b16): outputs handed on in bf16 (st_rows_b16, whole sectors), each where
+ * its one reader takes bf16: SR_B16_QK, dKi and dQ to w.dKib, w.dQb for k_bwd_final_wg (32 of
+ * the ~144 KB a chunk this kernel writes, and as many of that kernel's staging); SR_B16_W, dW to
+ * w.dWb for k_bwd_mat_wg (16 KB). */
 enum { SR_NT = 512, SR_DS = WG_K + 4 };   /* threads; the fp32 dVn tile's row pitch */
 /* bytes: W, s qg, kg, Aqk, St (two halves), Vt (two halves), dO, S0, Vn swizzled bf16 from a
  * 1024-byte aligned base, then dVn fp32 [C][SR_DS], en [K], dgn's partials [8][K]; with the
@@ -457,7 +458,7 @@ template <int C> static __device__ __forceinline__ void sr_halve(float (&v)[16],
  * (lane t ends with columns 8 t .. 8 t + 7 of each row: three exchanges, lane s sending its pair
  * j = s ^ r in round r) and stores them in one 16-byte store: a quad a row's 64 bytes, whole
  * sectors */
-static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (&d)[16], int n0, int m) {
+static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (&d)[16], int n0, int m, float sg) {
   const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2), t = l & 3;
   auto pk = [](float a, float b) {
     __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
@@ -467,7 +468,7 @@ static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (
   for (int hf = 0; hf < 2; hf++) {                 /* rows row, row + 8 */
     uint32_t pr[4], out[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) pr[j] = pk(d[4 * j + 2 * hf], d[4 * j + 2 * hf + 1]);
+    for (int j = 0; j < 4; j++) pr[j] = pk(sg * d[4 * j + 2 * hf], sg * d[4 * j + 2 * hf + 1]);
     auto pick = [&](int j) { return j == 0 ? pr[0] : j == 1 ? pr[1] : j == 2 ? pr[2] : pr[3]; };
 #pragma unroll
     for (int j = 0; j < 4; j++) out[j] = pr[j];    /* out[t] = pr[t]; the rest below */
@@ -483,7 +484,7 @@ static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (
   }
 }
 #endif
-template <bool Q16>
+template <int B16>
 __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, const void *dout, const float *dht,
                                                                float *dh0) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -608,7 +609,7 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
         if (i + 8 < m) st2f(o + r0 * K + ((i + 8) * RK + c), sg * x2, sg * x3, true);
       });
     };
-    if constexpr (Q16) st_rows_b16(w.dKib + r0 * K, RK, a, 32 * g, m);
+    if constexpr (B16 & SR_B16_QK) st_rows_b16(w.dKib + r0 * K, RK, a, 32 * g, m, 1.f);
     else st_rows(w.dKi, a, 1.f);
     auto da = [&](int i, int j, float x0, float x1) {
       auto v = [&](int jj, float xx) { return jj <= i && jj < m ? p.scale * xx : 0.f; };
@@ -631,13 +632,18 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
       w.dgn[((int64_t)ci * HV + h) * K + t] = y;
     }
     wg_wait<0>();
-    if constexpr (Q16) st_rows_b16(w.dQb + r0 * K, RK, a, 32 * g, m);
+    if constexpr (B16 & SR_B16_QK) st_rows_b16(w.dQb + r0 * K, RK, a, 32 * g, m, 1.f);
     else st_rows(w.dQ, a, 1.f);
-    st_rows(w.dW, c2, -1.f);
+    if constexpr (B16 & SR_B16_W) st_rows_b16(w.dWb + r0 * K, RK, c2, 32 * g, m, -1.f);
+    else st_rows(w.dW, c2, -1.f);
   }
   if (dh0) wg_state_st(s, dh0, b.sbase, 64 * (g0 >> 1), V, g0 & 1, rn0, cq0);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */
 #endif
 }
-state_bwd_db_fn k_state_bwd_rows_wg_ptr(int q16) { return q16 ? k_state_bwd_rows_wg<true> : k_state_bwd_rows_wg<false>; }
+state_bwd_db_fn k_state_bwd_rows_wg_ptr(int b16) {
+  static const state_bwd_db_fn f[4] = {k_state_bwd_rows_wg<0>, k_state_bwd_rows_wg<1>, k_state_bwd_rows_wg<2>,
+                                       k_state_bwd_rows_wg<3>};
+  return f[b16 & 3];
+}
