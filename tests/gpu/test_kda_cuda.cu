@@ -825,6 +825,9 @@ static void all_cases() {
   run_case("decay flat and steep chunks (logsigmoid*2.1) K=V=128", {1, 640, 2, 2, 128, 128, 64, 0, 0, 1, 1, 1, 0, 0, 2.1f, 0, 0, {}});
   run_case("decay -1000 entries (p=0.5)", {1, 200, 1, 1, 64, 64, 64, 0, 0, 0, 1, 1, 0, 0, 1, 0.5f, 0, {}});
   run_case("decay all -1000 (chunks decay to 0)", {1, 130, 1, 1, 64, 64, 64, 0, 0, 0, 1, 1, 0, 0, 1, 1.f, 0, {}});
+  /* dbeta's worst cancellation (the precision fixes' case) at K = V = 128, where the wgmma
+   * kernels and the fused sweep's bf16 hand-offs run (dW feeds both of dbeta's cancelling terms) */
+  run_case("decay -1000 entries (p=0.5) K=V=128", {1, 200, 1, 1, 128, 128, 64, 0, 0, 0, 1, 1, 0, 0, 1, 0.5f, 0, {}});
   run_case("lower-bound gate lb=-5", {1, 200, 2, 2, 128, 128, 64, 2, 1, 1, 1, 1, 0, -5, 1, 0, 0, {}});
   run_case("lower-bound gate lb=-0.1, 2 sigmoid beta", {1, 200, 1, 1, 64, 64, 64, 2, 2, 1, 1, 1, 0, -0.1f, 1, 0, 0, {}});
   /* dA_log / ddt_bias precision, strict. With H = 1, dA_log is one scalar: a mixed-sign sum of
