@@ -75,6 +75,7 @@ struct ws {
                      * hands them to k_bwd_final_wg (Q16) and k_bwd_mat_wg (W16): in the rooms of
                      * dvnb and dh, which that backward neither writes nor reads (it runs no rows
                      * kernel and no two-block sweep) */
+  bf16 *dAb;        /* [.,C] dA likewise (Q16), in dh's room after them */
   float *dA, *dL;   /* [.,C] */
   float *db;        /* [.]   */
   float *Kb;        /* [.,K] b k e^G (version 2: written by k_intra_tc for k_bwd_mat_tc) */

@@ -58,7 +58,7 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
   w->qg = (float *)take(KB), w->U = (float *)take(TH * V * 4);
   w->Wb = (bf16 *)w->W, w->kgb = (bf16 *)w->kg, w->qgb = (bf16 *)w->qg, w->Ab = (bf16 *)w->Aqk;
   w->Kb = w->vn = w->dvn = w->h = w->dh = nullptr;
-  w->dQb = w->dKib = w->dWb = nullptr;
+  w->dQb = w->dKib = w->dWb = w->dAb = nullptr;
   /* qn, kn (the row kernels' normalised q, k: version 1, and version 2's unfused front, whose
    * k_intra_tc stages them) are read only by the call that writes them, never by a kept
    * forward's backward (version 2's reads the raw q, k and rn): past the kept bytes. A kept
@@ -78,8 +78,9 @@ static int64_t ws_layout(const kda_kda_args *a, int backward, char *base, ws *w,
     w->dA = (float *)take(TH * C * 4), w->dL = (float *)take(TH * C * 4);
     w->db = (float *)take(TH * 4);
     w->dh = (float *)take(NTu * a->HV * K * V * 4);
-    /* the fused sweep's bf16 hand-offs (K = V = 128 only: dh's room holds two of TH K 2 bytes) */
-    w->dQb = w->dvnb, w->dKib = (bf16 *)w->dh, w->dWb = w->dKib + TH * K;
+    /* the fused sweep's bf16 hand-offs (K = V = 128 only: dh's room, TH 1024 bytes there, holds
+     * dKi0, dW and dA's 2 TH (2 K + C) bytes) */
+    w->dQb = w->dvnb, w->dKib = (bf16 *)w->dh, w->dWb = w->dKib + TH * K, w->dAb = w->dWb + TH * K;
     w->dgn = (float *)take(NTu * a->HV * K * 4);
     w->gpart = (float *)take(NTu * a->HV * (K + 1) * 4);
   }

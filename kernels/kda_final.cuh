@@ -135,7 +135,7 @@ static __device__ __forceinline__ void final_rows_products(const kp &p, const fl
  * K = 128 form only, kda_final_wg.cu): a flat chunk's intra-chunk terms by final_flat_wg. FR
  * (the fast compact K = V = 64 form only, k_bwd_final_fr): the rows kernel's dQ0, dKi0, dgn
  * and dA formed here from dout and the state passes' bf16 copies (final_rows_products). Q16
- * (WG only): dQ0 and dKi0 come from the fused sweep in bf16 (w.dQb, w.dKib: half the bytes
+ * (WG only): dQ0, dKi0 and dA come from the fused sweep in bf16 (w.dQb, w.dKib, w.dAb: half the bytes
  * of its stores and of this kernel's staging of them), staged as such into the first halves of
  * their fp32 tiles' rooms and widened there */
 template <bool PR, bool CM, int KV, int NF, bool WG = false, bool FR = false, bool Q16 = false>
@@ -237,7 +237,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     if constexpr (CM) {
       if constexpr (!FR) stage_cm(true, true, w.dA);   /* FR: dA formed here, dL staged after it */
     } else {
-      cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
+      if constexpr (!Q16) cp_tile_f32(dAs, CS, C, C, n, C, true, [&](int i) { return w.dA + ROWI(i) * C; });
       cp_tile_f32(dLs, CS, C, C, n, C, true, [&](int i) { return w.dL + ROWI(i) * C; });
     }
     /* the inter-chunk dKi into X's rows 32 .. 32 + C (free until the off-diagonal terms) and
@@ -250,6 +250,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         const bool ok = r < n;
         cp_async16((sbf *)Xd + r * 128 + c, ok ? w.dKib + ROWI(r) * K + c : w.dKib, ok);
         cp_async16((sbf *)dGs + r * 128 + c, ok ? w.dQb + ROWI(r) * K + c : w.dQb, ok);
+        if (!u) {                                   /* dA: [C][C] bf16, a chunk a thread */
+          const int ra = tid >> 3, ca = (tid & 7) << 3;
+          cp_async16((sbf *)dAs + ra * 64 + ca, ra < n ? w.dAb + ROWI(ra) * C + ca : w.dAb, ra < n);
+        }
       }
     if constexpr (!FR) {
       if constexpr (!Q16) cp_tile_f32(Xd, XS, C, K16, n, (int)K, al, [&](int r) { return dKig + r * RS; });
@@ -280,7 +284,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * is after the dGn phase's own barrier). A widening pass of its own (a
    * thread 16 values of a row, bank conflicts 2- and 4-way, two barriers) took 2.3k cycles a
    * block (H100, s66a: the staging phase 8.4k -> 10.7k, k_bwd_final_wg 825.8 -> 871.7 us) */
-  [[maybe_unused]] uint4 q16_own[2][2];             /* [tile: dKi0, dQ0][u] */
+  [[maybe_unused]] uint4 q16_own[2][2], a16_own;   /* [tile: dKi0, dQ0][u]; dA's */
   if constexpr (Q16) {
     static_assert(!Q16 || (KV == 128 && NTC == 512), "Q16: K = 128, 512 threads");
     for (int u = 0; u < 2; u++) {
@@ -288,6 +292,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       q16_own[0][u] = *(const uint4 *)((const sbf *)Xd + r * 128 + c);
       q16_own[1][u] = *(const uint4 *)((const sbf *)dGs + r * 128 + c);
     }
+    a16_own = *(const uint4 *)((const sbf *)dAs + (tid >> 3) * 64 + ((tid & 7) << 3));
   }
   __syncthreads();
   if constexpr (Q16) {
@@ -305,6 +310,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       *(float4 *)(Xd + r * XS + c2) = hi1 ? klo : khi;
       *(float4 *)(dGs + T(r, c1)) = hi1 ? qhi : qlo;
       *(float4 *)(dGs + T(r, c2)) = hi1 ? qlo : qhi;
+    }
+    {                                               /* dA: row tid / 8, columns 8 (tid % 8) .. */
+      const int r = tid >> 3, c = (tid & 7) << 3, c1 = c + 4 * hi1, c2 = c + 4 - 4 * hi1;
+      const float4 lo = wid(a16_own.x, a16_own.y), hi = wid(a16_own.z, a16_own.w);
+      *(float4 *)(dAs + r * CS + c1) = hi1 ? hi : lo;
+      *(float4 *)(dAs + r * CS + c2) = hi1 ? lo : hi;
     }
     __syncthreads();                                /* Xd whole for the dGn phase */
   }

@@ -414,9 +414,9 @@ state_bwd_db_fn k_state_bwd_tc_wg_ptr(void) { return k_state_bwd_tc_wg; }
  * of DRAM peak (2.39 TB/s). Forming dKi and dA beside the dVn product instead, Vn staged a step
  * ahead (wip/2026-12-07s64-sr2.patch), ran the same (2.315-2.324 ms, 455.7 us).
  * B16 (kda_cuda.cu use_b16): outputs handed on in bf16 (st_rows_b16, whole sectors), each where
- * its one reader takes bf16: SR_B16_QK, dKi and dQ to w.dKib, w.dQb for k_bwd_final_wg (32 of
- * the ~144 KB a chunk this kernel writes, and as many of that kernel's staging); SR_B16_W, dW to
- * w.dWb for k_bwd_mat_wg (16 KB). */
+ * its one reader takes bf16: SR_B16_QK, dKi, dQ and dA to w.dKib, w.dQb, w.dAb for
+ * k_bwd_final_wg (40 of the ~144 KB a chunk this kernel writes, and as many of that kernel's
+ * staging); SR_B16_W, dW to w.dWb for k_bwd_mat_wg (16 KB). */
 enum { SR_NT = 512, SR_DS = WG_K + 4 };   /* threads; the fp32 dVn tile's row pitch */
 /* bytes: W, s qg, kg, Aqk, St (two halves), Vt (two halves), dO, S0, Vn swizzled bf16 from a
  * 1024-byte aligned base, then dVn fp32 [C][SR_DS], en [K], dgn's partials [8][K]; with the
@@ -481,6 +481,27 @@ static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (
     }
     const int i = row + 8 * hf;
     if (i < m) stg16(o + i * rs + n0 + 8 * t, out[0], out[1], out[2], out[3]);
+  }
+}
+/* dA = s tril(x) of a 64 x 16 product (columns n0 .. n0 + 15 of rw_frag's fragment) in bf16,
+ * rows i < m, zero above the diagonal and past m columns; row i's column 0 at o + i rs. A lane
+ * holds two pairs of a row, 8 columns apart: the lanes t, t ^ 1 swap one, so that each holds 4
+ * adjacent columns and stores them in 8 bytes: a quad a row's 32 bytes, one whole sector */
+static __device__ __forceinline__ void st_da_b16(sbf *o, int rs, const float (&d)[8], int n0, int m, float s) {
+  const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2), t = l & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int i = row + 8 * hf;
+    auto v = [&](int j, float x) { return j <= i && j < m ? s * x : 0.f; };
+    auto pk = [](float a, float b) {
+      __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+      return *(uint32_t *)&h;
+    };
+    const int c0 = n0 + 2 * t, c1 = c0 + 8;
+    const uint32_t p0 = pk(v(c0, d[2 * hf]), v(c0 + 1, d[2 * hf + 1])), p1 = pk(v(c1, d[4 + 2 * hf]), v(c1 + 1, d[5 + 2 * hf]));
+    const bool odd = t & 1;
+    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? p0 : p1, 1);   /* the partner's pair of my half */
+    if (i < m) *(uint2 *)(o + i * rs + (odd ? c1 - 2 : c0)) = odd ? make_uint2(got, p1) : make_uint2(p0, got);
   }
 }
 #endif
@@ -615,7 +636,8 @@ __global__ void __launch_bounds__(SR_NT, 1) k_state_bwd_rows_wg(kp p, ws w, cons
       auto v = [&](int jj, float xx) { return jj <= i && jj < m ? p.scale * xx : 0.f; };
       if (i < m) st2f(w.dA + r0 * C + (i * RC + j), v(j, x0), v(j + 1, x1), true);
     };
-    rw_frag<16>(x8, 16 * g, [&](int i, int j, float x0, float x1, float x2, float x3) { da(i, j, x0, x1), da(i + 8, j, x2, x3); });
+    if constexpr (B16 & SR_B16_QK) st_da_b16(w.dAb + r0 * C, RC, x8, 16 * g, m, p.scale);
+    else rw_frag<16>(x8, 16 * g, [&](int i, int j, float x0, float x1, float x2, float x3) { da(i, j, x0, x1), da(i + 8, j, x2, x3); });
     /* dQ = dO S0ᵀ and dW = -dVn S0ᵀ (dVn from Vt, an MN-major A over both halves' rows n) */
     float c2[16];
     wg_fence();
