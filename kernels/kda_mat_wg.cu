@@ -197,14 +197,19 @@ template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp
     } else {
       mw_prod<32>(acc, wf_desc(MsT, 0), wf_desc(T0, 32 * (g - 2)), false);
       if (rd < 3) wg23_done();                     /* T0 read: 0 and 1 may write the next */
-      if (!kr)   /* dv = b (M^T dVn) and dbeta's V term, as the halves kernel's epilogue */
+      if (!kr) {   /* dbeta's V term and dv = b (M^T dVn), as the halves kernel's epilogue */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           const sbf *v0 = Vr + j * MW_VB + d0 + c, *v1 = v0 + 8 * MW_VB;
           mat_part4(part, PS, j, (d0 + c) >> 3, x0 * f(v0[0]) + x1 * f(v0[1]), x2 * f(v1[0]) + x3 * f(v1[1]));
-          if (j < n) st2b((bf16 *)dv + r0 * V + (j * RV + d0 + c), bs[j] * x0, bs[j] * x1, true);
-          if (j + 8 < n) st2b((bf16 *)dv + r0 * V + ((j + 8) * RV + d0 + c), bs[j + 8] * x2, bs[j + 8] * x3, true);
         });
-      else       /* dKb's columns d0 .. */
+        /* dv's rows scaled by b in place, then stored 16 bytes a lane (st_rows_b16: whole
+         * sectors; a bf16 pair a lane, as st2b stored them, wrote half sectors) */
+        const int jr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+        const float b0 = bs[jr], b1 = bs[jr + 8];
+#pragma unroll
+        for (int q = 0; q < 16; q++) acc[q] *= q & 2 ? b1 : b0;
+        st_rows_b16((bf16 *)dv + r0 * V + d0, RV, acc, 32 * (g - 2), n, 1.f);
+      } else       /* dKb's columns d0 .. */
         mw_frag<32>(acc, 32 * (g - 2), [&](int j, int c, float x0, float x1, float x2, float x3) {
           if (j < n) st2f(w.dKb + r0 * K + (j * RK + d0 + c), x0, x1, true);
           if (j + 8 < n) st2f(w.dKb + r0 * K + ((j + 8) * RK + d0 + c), x2, x3, true);

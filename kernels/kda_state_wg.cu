@@ -66,13 +66,6 @@ static __device__ __forceinline__ void wg_stage_parts(const kp &p, const ws &w, 
   if (parts & SG_A) wg_stage<WG_C, WG_C>(t.A, w.Ab + r0 * WG_C, HVC, m);
   if (parts & SG_KG) wg_stage<WG_C, WG_K>(t.kg, w.kgb + r0 * WG_K, HVK, m);
 }
-/* a 16-byte global store, always one instruction: written as a uint4 through a pointer, the
- * front end splits it into four 4-byte stores wherever it cannot prove the address 16-byte
- * aligned (SASS of wip/wgs: 4 of its 12 wg_store_t stores stayed STG.E.128), and a warp's
- * 4-byte stores to 32 rows cost the kept forward ~600 us at (8,2048,16,128) (s43a) */
-static __device__ __forceinline__ void stg16(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
 /* Store a swizzled bf16 tile T (64 rows n, columns r: Sᵀ, Vnᵀ or oᵀ) transposed to global
  * rows r < m of 64 bf16 columns each (row r at d + r ds, 16-byte aligned). Two lanes take a
  * column pair (r, r + 1) and a group of 16 rows n, 8 each, and store 16 bytes to each of the two
@@ -448,39 +441,6 @@ template <int C> static __device__ __forceinline__ void sr_halve(float (&v)[16],
   for (int i = 0; i < C / 2; i++) {
     const float lo = v[i], hi = v[i + C / 2];
     v[i] = (up ? hi : lo) + __shfl_xor_sync(0xffffffffu, up ? lo : hi, C);
-  }
-}
-/* A 64 x 32 product's rows i < m in bf16, 16 bytes a lane (o: row i's column 0 at o + i rs, 16-byte
- * aligned; columns n0 .. n0 + 31 of rw_frag's fragment). In the fragment lane t = l % 4 of a quad
- * holds columns 8 j + 2 t, + 1 of its two rows, j < 4: as one bf16 pair a j, a store of 4 bytes,
- * a quad's half a 32-byte sector (rbf, the fiftieth pass: the rows kernel off its memory ceiling,
- * 353.9 -> 386.2 us, for 21% fewer bytes). Here the quad transposes its 4 x 4 pairs first
- * (lane t ends with columns 8 t .. 8 t + 7 of each row: three exchanges, lane s sending its pair
- * j = s ^ r in round r) and stores them in one 16-byte store: a quad a row's 64 bytes, whole
- * sectors */
-static __device__ __forceinline__ void st_rows_b16(sbf *o, int rs, const float (&d)[16], int n0, int m, float sg) {
-  const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2), t = l & 3;
-  auto pk = [](float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&h;
-  };
-#pragma unroll
-  for (int hf = 0; hf < 2; hf++) {                 /* rows row, row + 8 */
-    uint32_t pr[4], out[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) pr[j] = pk(sg * d[4 * j + 2 * hf], sg * d[4 * j + 2 * hf + 1]);
-    auto pick = [&](int j) { return j == 0 ? pr[0] : j == 1 ? pr[1] : j == 2 ? pr[2] : pr[3]; };
-#pragma unroll
-    for (int j = 0; j < 4; j++) out[j] = pr[j];    /* out[t] = pr[t]; the rest below */
-#pragma unroll
-    for (int r = 1; r < 4; r++) {
-      const uint32_t got = __shfl_xor_sync(0xffffffffu, pick(t ^ r), r);   /* lane t ^ r's pair t */
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (j == (t ^ r)) out[j] = got;
-    }
-    const int i = row + 8 * hf;
-    if (i < m) stg16(o + i * rs + n0 + 8 * t, out[0], out[1], out[2], out[3]);
   }
 }
 /* dA = s tril(x) of a 64 x 16 product (columns n0 .. n0 + 15 of rw_frag's fragment) in bf16,
