@@ -171,10 +171,12 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
  * (8,2048,16,128) 0.785-0.787 -> 0.761-0.763 ms, (1,8192,16,128) (the flow kernel's intra tasks)
  * 0.577-0.579 -> 0.547-0.551; fwd+bwd 2.661-2.673 -> 2.656-2.659 and 1.650-1.661 -> 1.628-1.636;
  * ncu k_intra_tc 752.7 -> 717.7 us (the phase-timed build, a barrier at every mark, reads the
- * products at 7.4k cycles a block either way: the gain does not show there). */
-template <class FW, class FU>
+ * products at 7.4k cycles a block either way: the gain does not show there). WQ: W (bf16) goes
+ * out by st_quad_b16, 16 bytes a lane (wo: the chunk's row 0, rows wrs apart, rows < n), where
+ * wout's bf16 pair a lane writes half sectors; U (fp32) by uout(i, j, x_j, x_j+1). */
+template <bool WQ, class FW, class FU>
 static __device__ __forceinline__ void wu_product(const float *Ms, int CS, const float *Kbt, int PK, const float *Vbt,
-                                                  int PV, FW wout, FU uout) {
+                                                  int PV, FW wout, __nv_bfloat16 *wo, int wrs, int n, FU uout) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wp = threadIdx.x >> 5;
   const int r0 = 32 * (wp >> 3), cb = wp & 7, c0 = 32 * (cb & 3);
   const float *B = (cb < 4 ? Kbt : Vbt) + c0 + g;
@@ -193,14 +195,25 @@ static __device__ __forceinline__ void wu_product(const float *Ms, int CS, const
 #pragma unroll
       for (int ni = 0; ni < 4; ni++) mma_tf32(c[mi][ni][0], c[mi][ni][1], c[mi][ni][2], c[mi][ni][3], a[mi], b[ni]);
   }
+  if (WQ && cb < 4)   /* W's 32 columns in bf16, 16 bytes a lane (kda_st16.cuh: whole sectors) */
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < 2; mi++) {
+      float d[16];
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++) {
-      const int i = r0 + 16 * mi + g, j = c0 + 8 * ni + 2 * t;
-      if (cb < 4) wout(i, j, c[mi][ni][0], c[mi][ni][1]), wout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
-      else uout(i, j, c[mi][ni][0], c[mi][ni][1]), uout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
+      for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) d[4 * ni + q] = c[mi][ni][q];
+      st_quad_b16(wo, wrs, d, r0 + 16 * mi + g, c0, n, 1.f);
     }
+  else
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+      for (int ni = 0; ni < 4; ni++) {
+        const int i = r0 + 16 * mi + g, j = c0 + 8 * ni + 2 * t;
+        if (cb < 4) wout(i, j, c[mi][ni][0], c[mi][ni][1]), wout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
+        else uout(i, j, c[mi][ni][0], c[mi][ni][1]), uout(i + 8, j, c[mi][ni][2], c[mi][ni][3]);
+      }
 }
 /* PR (the precise backward's recompute): the factored blocks, W and U in P_3TF32, and W, s qg,
  * kg, Aqk written in fp32 (rows of K16 with zero pad columns; Aqk rows of C) into the same
@@ -598,7 +611,9 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
   };
   if constexpr (PB && KV == 128) {                 /* Ms, Kbt, Vbt hold tf32-rounded values */
     static_assert(NTC == 512, "wu_product: 16 warps");
-    wu_product(Ms, CS, Kbt, PKS, Vbt, PVS, wout, uout);
+    /* WQ: W by st_quad_b16 in k_intra_tc; the persistent flow kernel's intra tasks (PS) keep
+     * wout (with the quads' registers k_fwd_flow_ps<128> spilled 12 bytes) */
+    wu_product<!PS>(Ms, CS, Kbt, PKS, Vbt, PVS, wout, w.Wb + r0 * K16, R16, n, uout);
     PH(8);
     PH(9);
     return;

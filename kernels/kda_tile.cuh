@@ -16,6 +16,7 @@
 #include <utility>
 #include "kda_common.cuh"
 #include "mma.cuh"
+#include "kda_st16.cuh"
 #define BT ((int)blockDim.x)
 
 /* e^x as ex2.approx.ftz of x log2(e): what __expf computes, less its non-ftz wrapper (a range

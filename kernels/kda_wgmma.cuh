@@ -26,6 +26,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include "kda_st16.cuh"
 
 /* element offset of (r, c) in a swizzled bf16 tile of R rows */
 template <int R> static __device__ __forceinline__ int wg_off(int r, int c) {
@@ -88,47 +89,6 @@ static __device__ __forceinline__ void wg_m64n16k16(float (&d)[8], uint64_t da, 
  * atom 2 k0 bytes, each atom 128 R bytes; in the descriptor's 16-byte units */
 #define WG_KADVR(R, k0) ((uint64_t)((((k0) >> 6) * (128 * (R)) + ((k0) & 63) * 2) >> 4))
 
-/* a 16-byte global store, always one instruction: written as a uint4 through a pointer, the
- * front end splits it into four 4-byte stores wherever it cannot prove the address 16-byte
- * aligned (SASS of wip/wgs: 4 of its 12 wg_store_t stores stayed STG.E.128), and a warp's
- * 4-byte stores to 32 rows cost the kept forward ~600 us at (8,2048,16,128) (s43a) */
-static __device__ __forceinline__ void stg16(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-/* A 64 x 32 product's rows i < m in bf16, 16 bytes a lane (o: row i's column 0 at o + i rs,
- * 16-byte aligned; columns n0 .. n0 + 31 of the fragment this header describes: rw_frag's,
- * kda_mat_wg.cu's mw_frag's). In the fragment lane t = l % 4 of a quad
- * holds columns 8 j + 2 t, + 1 of its two rows, j < 4: as one bf16 pair a j, a store of 4 bytes,
- * a quad's half a 32-byte sector (rbf, the fiftieth pass: the rows kernel off its memory ceiling,
- * 353.9 -> 386.2 us, for 21% fewer bytes). Here the quad transposes its 4 x 4 pairs first
- * (lane t ends with columns 8 t .. 8 t + 7 of each row: three exchanges, lane s sending its pair
- * j = s ^ r in round r) and stores them in one 16-byte store: a quad a row's 64 bytes, whole
- * sectors */
-static __device__ __forceinline__ void st_rows_b16(__nv_bfloat16 *o, int rs, const float (&d)[16], int n0, int m, float sg) {
-  const int wq = (threadIdx.x >> 5) & 3, l = threadIdx.x & 31, row = 16 * wq + (l >> 2), t = l & 3;
-  auto pk = [](float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&h;
-  };
-#pragma unroll
-  for (int hf = 0; hf < 2; hf++) {                 /* rows row, row + 8 */
-    uint32_t pr[4], out[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) pr[j] = pk(sg * d[4 * j + 2 * hf], sg * d[4 * j + 2 * hf + 1]);
-    auto pick = [&](int j) { return j == 0 ? pr[0] : j == 1 ? pr[1] : j == 2 ? pr[2] : pr[3]; };
-#pragma unroll
-    for (int j = 0; j < 4; j++) out[j] = pr[j];    /* out[t] = pr[t]; the rest below */
-#pragma unroll
-    for (int r = 1; r < 4; r++) {
-      const uint32_t got = __shfl_xor_sync(0xffffffffu, pick(t ^ r), r);   /* lane t ^ r's pair t */
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (j == (t ^ r)) out[j] = got;
-    }
-    const int i = row + 8 * hf;
-    if (i < m) stg16(o + i * rs + n0 + 8 * t, out[0], out[1], out[2], out[3]);
-  }
-}
 /* E(row, col, x0, x1, x2, x3) over a 64 x N warpgroup accumulator (rows row and row + 8,
  * columns col and col + 1, col from n0): kda_rows_wg.cu's and the fused sweep's epilogues */
 template <int N, class FE> static __device__ __forceinline__ void rw_frag(const float (&d)[N / 2], int n0, FE E) {
