@@ -382,7 +382,7 @@ size_t smem_mat_wg(int w16);
 final_tc_fn k_bwd_final_tc_pick(bool pr, bool cm, int kv);
 /* the fast wide K = V = 128 form with a flat chunk's intra-chunk terms on warpgroup MMAs, tf32
  * (kda_final_wg.cu: sm_90a only; smem_final_tc's bytes) */
-final_tc_fn k_bwd_final_wg_ptr(int q16);   /* q16: reading the fused sweep's bf16 dQ0, dKi0 */
+final_tc_fn k_bwd_final_wg_ptr(int q16);   /* q16: reading the fused sweep's bf16 dQ0, dKi0, dA */
 /* the fast compact K = V = 64 form that forms the rows kernel's dQ0, dKi0, dgn and dA itself from
  * dout (its last argument) and the state passes' bf16 copies (kda_final.cuh's FR; the rows kernel
  * then runs with ROWS_FR, or none beside k_bwd_mat_mw); smem_final_tc_compact's bytes, 256 threads */

@@ -536,12 +536,14 @@ static int use_sweep_rows(const kda_kda_args *a, int rows_wg) {
 }
 static int last_sr;                                /* kda_kda_cuda_last_sr: 0, or 1 + the hand-offs */
 /* The fused sweep's bf16 hand-offs (kda_state_wg.cu's B16), each where its reader runs: the
- * inter-chunk dQ0, dKi0 to k_bwd_final_wg (w.dQb, w.dKib; kda_final.cuh's Q16) where that kernel
- * runs, dW to k_bwd_mat_wg (w.dWb; kda_mat_wg.cu's W16) where that one does and its bf16 room
- * fits two blocks an SM; else fp32, as every other reader takes them. H100, one run, three rounds
- * (2026-12-07s66b): dQ0, dKi0 in bf16, fwd+bwd (8,2048,16,128) 2.289-2.316 -> 2.247-2.258 ms
- * (the sweep 450.5 -> 409.0 us, ncu; the final kernel the same). KDA_KDA_B16=0 turns them off
- * (read per call: test_kda_cuda checks each against the CPU reference) */
+ * inter-chunk dQ0, dKi0 and dA to k_bwd_final_wg (w.dQb, w.dKib, w.dAb; kda_final.cuh's Q16)
+ * where that kernel runs, dW to k_bwd_mat_wg (w.dWb; kda_mat_wg.cu's W16) where that one does and
+ * its bf16 room fits two blocks an SM; else fp32, as every other reader takes them. H100, one
+ * run, three rounds, the same binary with KDA_KDA_B16=0 beside it (2026-12-07s66d): fwd+bwd
+ * (8,2048,16,128) 2.294-2.311 -> 2.193-2.214 ms (the sweep 450.4 -> 383.1 us, ncu; the final and
+ * mat kernels the same). dVn too (the mat kernel's V rounds) ran -0.5% and moved dbeta's error
+ * 40-70% (s66f): it stays fp32. KDA_KDA_B16=0 turns them off (read per call: test_kda_cuda
+ * checks each against the CPU reference) */
 static int use_b16(int fwg, int mwg) {
   const char *e = getenv("KDA_KDA_B16");
   if (e && strcmp(e, "0") == 0) return 0;

@@ -66,7 +66,7 @@ int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const void *k, c
 int kda_kda_cuda_last_fr(void);
 /* Whether the last kda_kda_cuda_backward in this process ran the reverse sweep with the rows
  * kernel's products at the compiled K = V = 128 (KDA_KDA_SR; sm_90): 0 the two kernels ran (or
- * neither); else 1 + its bf16 hand-offs (KDA_KDA_B16): + 1 dQ0, dKi0 to the wgmma final kernel,
+ * neither); else 1 + its bf16 hand-offs (KDA_KDA_B16): + 1 dQ0, dKi0, dA to the wgmma final kernel,
  * + 2 dW to the wgmma mat kernel (1: all in fp32). For the test, as kda_kda_cuda_last_fr. */
 int kda_kda_cuda_last_sr(void);
 

@@ -274,16 +274,16 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   cp_async_wait_all();
   /* Q16: the bf16 rows widened in place behind the staging's barrier. A thread reads back the
-   * two 16-byte chunks of each tile that its own copies wrote (landed for it at its wait: rows
-   * r, r + 32, columns c .. c + 7; a warp's reads 512 contiguous bytes), the staging's barrier
-   * orders every read before any write, and it writes the same elements in fp32 where the fp32
-   * staging put them (dQ0 in the dG tile's swizzled rows, dKi0 at X's pitch), in two float4
-   * stores a chunk whose order alternates by lane (lanes 4 .. 7 of a quarter warp the high half
-   * first: its eight stores then fill the 32 banks once). Rows past n were zero-filled. The
-   * dGn phase reads Xd from its start: one barrier after the writes (the dG tile's first reader
-   * is after the dGn phase's own barrier). A widening pass of its own (a
-   * thread 16 values of a row, bank conflicts 2- and 4-way, two barriers) took 2.3k cycles a
-   * block (H100, s66a: the staging phase 8.4k -> 10.7k, k_bwd_final_wg 825.8 -> 871.7 us) */
+   * 16-byte chunks its own copies wrote (landed for it at its own wait: dKi0's and dQ0's rows r,
+   * r + 32 at columns c .. c + 7, dA's row tid / 8; a warp's reads contiguous), the staging's
+   * barrier orders every read before any write, and it writes the same elements in fp32 where
+   * the fp32 staging put them (dQ0 in the dG tile's swizzled rows, dKi0 at X's pitch, dA at
+   * CS), in two float4 stores a chunk whose order alternates by lane (lanes 4 .. 7 of a quarter
+   * warp the high half first: its eight stores then fill the 32 banks once). Rows past n were
+   * zero-filled. The dGn phase reads Xd from its start: one barrier after the writes. A
+   * widening pass of its own (a thread 16 values of a row, 2- and 4-way bank conflicts, two
+   * barriers) took 2.3k cycles a block (H100, s66a: the staging phase 8.4k -> 10.7k,
+   * k_bwd_final_wg 825.8 -> 871.7 us); this form none measurable (s66b: 8.31k -> 8.36k) */
   [[maybe_unused]] uint4 q16_own[2][2], a16_own;   /* [tile: dKi0, dQ0][u]; dA's */
   if constexpr (Q16) {
     static_assert(!Q16 || (KV == 128 && NTC == 512), "Q16: K = 128, 512 threads");

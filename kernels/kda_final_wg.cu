@@ -256,8 +256,8 @@ template <int NF, bool Q16, class FP> static __device__ __forceinline__ void fin
 }
 #endif
 
-/* a full chunk with n = 64 fixed, as k_bwd_final_tc's. Q16: dQ0, dKi0 from the fused sweep in
- * bf16 (kda_final.cuh) */
+/* a full chunk with n = 64 fixed, as k_bwd_final_tc's. Q16: dQ0, dKi0 and dA from the fused
+ * sweep in bf16 (kda_final.cuh) */
 template <bool Q16>
 __global__ void __launch_bounds__(NTC, 1) k_bwd_final_wg(kp p, const void *q, const void *k, const void *g,
                                                         const void *beta, const float *A_log, const float *dt_bias,

@@ -27,7 +27,7 @@
 #include "kda_tc.cuh"
 #include "kda_wgmma.cuh"
 
-enum { MW_T = 64 * 64, MW_VB = 128 + 8, MW_WB = 64 + 8 };   /* a 64 x 64 fp32 tile (floats); v's, W16's bf16 pitches */
+enum { MW_T = 64 * 64, MW_VB = 128 + 8, MW_WB = 64 + 8 };   /* a 64 x 64 fp32 tile (floats); bf16 pitches */
 /* bytes: Ms, MsT, A0, B0, T0 (swizzled fp32), v (bf16 [64][MW_VB]), the dbeta partials
  * [64][mat_ps(128)], b; W16: a dW half in bf16 [64][MW_WB]; from a 1024-byte aligned base (the
  * swizzle's), with its slack */
@@ -77,7 +77,9 @@ template <int N> static __device__ __forceinline__ void mw_prod(float (&d)[N / 2
  * of its own (Wst, 9 KB) instead of A0, and its preparation writes A0 and T0 from it (bf16 is
  * exact in tf32: no rounding). With a room of its own the copy needs no free A0: round 2's is
  * issued with the first copies, round 3's at round 2's start, a product ahead of where the fp32
- * dW half is copied (after warpgroups 0 and 1 have read A0), and it is half the bytes */
+ * dW half is copied (after warpgroups 0 and 1 have read A0), and it is half the bytes. H100
+ * (2026-12-07s66c): this kernel the same (423.0 -> 424.1 us, ncu): its rounds do not wait on
+ * those copies; what pays is the sweep's 16 KB a chunk less (411.8 -> 387.2 us) */
 template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
   extern __shared__ __align__(16) uint8_t raw[];
@@ -183,7 +185,7 @@ template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp
     const bool kr = rd >= 2;                       /* a K round (dW, Kb), else a V round (dVn, b v) */
     const int d0 = 64 * (rd & 1);
     if (g < 2) {
-      if (W16 && rd == 2) stage_w(1, std::integral_constant<int, 256>());   /* Wst read by prep(2): round 1's barrier since */
+      if (W16 && rd == 2) stage_w(1, std::integral_constant<int, 256>());   /* Wst's reader prep(2): a barrier since */
       mw_prod<32>(acc, wf_desc(A0, 0), wf_desc(B0, 32 * g), rd > 0);
       if (rd < 3) {
         wg01_sync();                               /* both warpgroups' products have read A0, B0 */
@@ -203,7 +205,9 @@ template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp
           mat_part4(part, PS, j, (d0 + c) >> 3, x0 * f(v0[0]) + x1 * f(v0[1]), x2 * f(v1[0]) + x3 * f(v1[1]));
         });
         /* dv's rows scaled by b in place, then stored 16 bytes a lane (st_rows_b16: whole
-         * sectors; a bf16 pair a lane, as st2b stored them, wrote half sectors) */
+         * sectors; a bf16 pair a lane, as st2b stored them, wrote half sectors). The same values;
+         * H100 (s66g): this kernel 423.5 -> 419.6 us at (8,2048,16,128), 218.3 -> 211.4 at
+         * (1,8192,16,128) (ncu) */
         const int jr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
         const float b0 = bs[jr], b1 = bs[jr + 8];
 #pragma unroll

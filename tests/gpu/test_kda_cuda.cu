@@ -459,9 +459,9 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       kept_vs_ref(": the reverse sweep with the rows products (KDA_KDA_SR=1)");
     }
     /* the same sweep beside the wgmma final and / or mat kernels (KDA_KDA_FINALWG=1, KDA_KDA_MATWG=1),
-     * as a default run takes them: dQ0, dKi0 to the one, dW to the other go in bf16
+     * as a default run takes them: dQ0, dKi0, dA to the one, dW to the other go in bf16
      * (kda_cuda.cu use_b16), so held to the CPU reference, and that each hand-off ran
-     * (kda_kda_cuda_last_sr: 1 + 1 for dQ0, dKi0, + 2 for dW) */
+     * (kda_kda_cuda_last_sr: 1 + 1 for dQ0, dKi0, dA, + 2 for dW) */
     for (int b = 1; b < 4 && !(se && *se && strcmp(se, "0")) && kvc && a.K == 128 && !pk && !rc && maj_ == 9; b++) {
       env_scope wd("KDA_KDA_WIDE", "1"), wb("KDA_KDA_WGB", "1"), rw("KDA_KDA_ROWSWG", "1");
       env_scope fw("KDA_KDA_FINALWG", b & 1 ? "1" : "0"), mw("KDA_KDA_MATWG", b & 2 ? "1" : "0");
@@ -471,7 +471,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       if (!rc && ran != 1 + b)
         printf("FAIL - %s: the fused sweep's bf16 hand-offs (KDA_KDA_FINALWG=%d, KDA_KDA_MATWG=%d) ran %d, not %d\n", name,
                b & 1, b >> 1, ran, 1 + b), nfail++;
-      const std::string what = std::string(": the fused sweep's bf16 ") + (b & 1 ? "dQ0, dKi0" : "") + (b == 3 ? " and " : "") +
+      const std::string what = std::string(": the fused sweep's bf16 ") + (b & 1 ? "dQ0, dKi0, dA" : "") + (b == 3 ? " and " : "") +
                                (b & 2 ? "dW" : "") + " (KDA_KDA_SR=1, KDA_KDA_FINALWG=" + (b & 1 ? "1" : "0") +
                                ", KDA_KDA_MATWG=" + (b & 2 ? "1" : "0") + ")";
       kept_vs_ref(what.c_str());
