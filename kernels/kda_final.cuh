@@ -296,27 +296,19 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   __syncthreads();
   if constexpr (Q16) {
-    auto wid = [](uint32_t a, uint32_t b) {
-      const float2 x = __bfloat1622float2(*(const __nv_bfloat162 *)&a), y = __bfloat1622float2(*(const __nv_bfloat162 *)&b);
-      return make_float4(x.x, x.y, y.x, y.y);
-    };
     const int hi1 = (tid >> 2) & 1;                 /* store the high half first */
+    /* a chunk x (8 bf16 of columns c ..) widened to at(c) .., at(c + 4) .., in bank order */
+    auto put8 = [hi1](auto at, int c, uint4 x) {
+      const float4 lo = bf4(make_uint2(x.x, x.y)), hi = bf4(make_uint2(x.z, x.w));
+      *(float4 *)at(c + 4 * hi1) = hi1 ? hi : lo;
+      *(float4 *)at(c + 4 - 4 * hi1) = hi1 ? lo : hi;
+    };
     for (int u = 0; u < 2; u++) {
       const int r = (tid >> 4) + 32 * u, c = (tid & 15) << 3;
-      const uint4 k8 = q16_own[0][u], q8 = q16_own[1][u];
-      const float4 klo = wid(k8.x, k8.y), khi = wid(k8.z, k8.w), qlo = wid(q8.x, q8.y), qhi = wid(q8.z, q8.w);
-      const int c1 = c + 4 * hi1, c2 = c + 4 - 4 * hi1;
-      *(float4 *)(Xd + r * XS + c1) = hi1 ? khi : klo;
-      *(float4 *)(Xd + r * XS + c2) = hi1 ? klo : khi;
-      *(float4 *)(dGs + T(r, c1)) = hi1 ? qhi : qlo;
-      *(float4 *)(dGs + T(r, c2)) = hi1 ? qlo : qhi;
+      put8([&](int d) { return Xd + r * XS + d; }, c, q16_own[0][u]);
+      put8([&](int d) { return dGs + T(r, d); }, c, q16_own[1][u]);
     }
-    {                                               /* dA: row tid / 8, columns 8 (tid % 8) .. */
-      const int r = tid >> 3, c = (tid & 7) << 3, c1 = c + 4 * hi1, c2 = c + 4 - 4 * hi1;
-      const float4 lo = wid(a16_own.x, a16_own.y), hi = wid(a16_own.z, a16_own.w);
-      *(float4 *)(dAs + r * CS + c1) = hi1 ? hi : lo;
-      *(float4 *)(dAs + r * CS + c2) = hi1 ? lo : hi;
-    }
+    put8([&](int d) { return dAs + (tid >> 3) * CS + d; }, (tid & 7) << 3, a16_own);   /* dA: row tid / 8 */
     __syncthreads();                                /* Xd whole for the dGn phase */
   }
   if constexpr (FR) {

@@ -142,16 +142,10 @@ template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp
       for (int e = threadIdx.x; e < 64 * 8; e += NTH) {
         const int i = e & 63, c = (e >> 6) << 3;
         const uint4 u = *(const uint4 *)(Wst + i * MW_WB + c);
-        const uint32_t uw[4] = {u.x, u.y, u.z, u.w};
-        float y[8];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&uw[q]);
-          y[2 * q] = t.x, y[2 * q + 1] = t.y;
-        }
-        *(float4 *)(A0 + wf_off<64>(i, c)) = make_float4(y[0], y[1], y[2], y[3]);
-        *(float4 *)(A0 + wf_off<64>(i, c + 4)) = make_float4(y[4], y[5], y[6], y[7]);
-        const float lo[4] = {y[0], y[1], y[2], y[3]}, hi[4] = {y[4], y[5], y[6], y[7]};
+        const float4 a = bf4(make_uint2(u.x, u.y)), b = bf4(make_uint2(u.z, u.w));
+        *(float4 *)(A0 + wf_off<64>(i, c)) = a;
+        *(float4 *)(A0 + wf_off<64>(i, c + 4)) = b;
+        const float lo[4] = {a.x, a.y, a.z, a.w}, hi[4] = {b.x, b.y, b.z, b.w};
         wf_put_col4<64>(T0, c, i, lo);
         wf_put_col4<64>(T0, c + 4, i, hi);
       }

@@ -14,6 +14,11 @@
 static __device__ __forceinline__ void stg16(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
+/* two floats as a bf16 pair (round to nearest), the low half the first */
+static __device__ __forceinline__ uint32_t pk_bf2(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *(uint32_t *)&h;
+}
 /* A 16 x 32 block of that fragment (four 8-column blocks from column n0; row0 = the lane's
  * first row) to rows i < m in bf16, 16 bytes a lane (o: row i's column 0 at o + i rs, 16-byte
  * aligned), each value times sg. As one bf16 pair a block, a store of 4 bytes, a quad writes half
@@ -24,15 +29,11 @@ static __device__ __forceinline__ void stg16(void *p, uint32_t a, uint32_t b, ui
 static __device__ __forceinline__ void st_quad_b16(__nv_bfloat16 *o, int rs, const float (&d)[16], int row0, int n0,
                                                    int m, float sg) {
   const int t = threadIdx.x & 3;
-  auto pk = [](float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&h;
-  };
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {                 /* rows row0, row0 + 8 */
     uint32_t pr[4], out[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) pr[j] = pk(sg * d[4 * j + 2 * hf], sg * d[4 * j + 2 * hf + 1]);
+    for (int j = 0; j < 4; j++) pr[j] = pk_bf2(sg * d[4 * j + 2 * hf], sg * d[4 * j + 2 * hf + 1]);
     auto pick = [&](int j) { return j == 0 ? pr[0] : j == 1 ? pr[1] : j == 2 ? pr[2] : pr[3]; };
 #pragma unroll
     for (int j = 0; j < 4; j++) out[j] = pr[j];    /* out[t] = pr[t]; the rest below */

@@ -455,12 +455,9 @@ static __device__ __forceinline__ void st_da_b16(sbf *o, int rs, const float (&d
   for (int hf = 0; hf < 2; hf++) {
     const int i = row + 8 * hf;
     auto v = [&](int j, float x) { return j <= i && j < m ? s * x : 0.f; };
-    auto pk = [](float a, float b) {
-      __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-      return *(uint32_t *)&h;
-    };
     const int c0 = n0 + 2 * t, c1 = c0 + 8;
-    const uint32_t p0 = pk(v(c0, d[2 * hf]), v(c0 + 1, d[2 * hf + 1])), p1 = pk(v(c1, d[4 + 2 * hf]), v(c1 + 1, d[5 + 2 * hf]));
+    const uint32_t p0 = pk_bf2(v(c0, d[2 * hf]), v(c0 + 1, d[2 * hf + 1])),
+                   p1 = pk_bf2(v(c1, d[4 + 2 * hf]), v(c1 + 1, d[5 + 2 * hf]));
     const bool odd = t & 1;
     const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? p0 : p1, 1);   /* the partner's pair of my half */
     if (i < m) *(uint2 *)(o + i * rs + (odd ? c1 - 2 : c0)) = odd ? make_uint2(got, p1) : make_uint2(p0, got);
