@@ -917,7 +917,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   int kept = a->keep && tc && use_precise(a, 1) == prec;
   rowin ri;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec, &ri)) return -1;
-  dim3 gc = chunk_grid(p, NTu, a->HV), gc1((unsigned)NTu, (unsigned)a->HV);   /* version 2's; version 1's */
+  dim3 gc = chunk_grid(p, NTu, a->HV), gc1((unsigned)NTu, (unsigned)a->HV);   /* head-major (blk_chunk); chunk-major: version 1, FR */
   int qk_final = 0;                                /* dq, dk written by k_bwd_final_tc (below) */
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
@@ -1060,7 +1060,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (fr) {                                      /* fr implies fcm: 256 threads */
       auto kfr = k_bwd_final_fr_ptr();
       if (smem_opt_in((const void *)kfr, sm, a, op, "k_bwd_final_fr") || carveout_max((const void *)kfr, a, op)) return -1;
-      kfr<<<gc, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
+      kfr<<<gc1, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
                                qk_final ? dk : nullptr, w, dout);
     } else
       kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,

@@ -149,10 +149,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
-  const int cb = blk_chunk(p), *ct = w.ctab + 4 * cb;
+  /* FR launches chunk-major (kda_cuda.cu): its grid is one wave or a few at the shapes it runs, and
+   * the select of blk_chunk, blk_head took its spill loads 28 -> 56 bytes (ptxas) */
+  const int cb = FR ? (int)blockIdx.x : blk_chunk(p), *ct = w.ctab + 4 * cb;
   const int n = NF ? NF : ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blk_head(p), K = p.K, HV = p.HV;
+  int64_t t0 = ct[1], h = FR ? (int)blockIdx.y : blk_head(p), K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   /* X's pitch: X is only ever a B operand read by scalar fragment loads (rows k0 + lane % 4,
    * columns j0 + lane / 4), which fall in 32 distinct banks at r16 + 8 (two-way conflicts at

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_fr(kp p, const void *q, co
                                                         const void *beta, const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, void *dq_out, void *dk_out, ws w,
                                                         const void *dout) {
-  if (full_chunk<false, 64>(p, w.ctab, blk_chunk(p)))
+  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x))   /* chunk-major: kda_final.cuh's cb */
     bwd_final_tc<false, true, 64, 64, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
   else bwd_final_tc<false, true, 64, 0, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
 }
