@@ -49,9 +49,19 @@ struct kp {
   int C, gate_mode, beta_mode, l2, nseq;
   int full;         /* the fast chunk kernels (intra, mat, final): a compiled shape's full chunks
                      * run the body with the row count fixed (KDA_KDA_FULL=0: never) */
+  int hm;           /* the chunk kernels' grid is head-major, (HV, chunks): blk_chunk, blk_head */
   float scale, lb;
   const int32_t *cu;
 };
+
+/* A chunk kernel's chunk and value head. Launched head-major (p.hm: blockIdx.x the head, y the
+ * chunk), the blocks resident together are every head of a few consecutive chunks, so their rows
+ * of the [T, HV, .] tensors make whole token rows (HV K elements, 4 KB of bf16 at HV = 16, K = 128);
+ * chunk-major, one head's chunks: one 256-byte piece of each 4 KB token row. (KDA_KDA_HM=0:
+ * chunk-major.) */
+static __device__ __forceinline__ int blk_chunk(const kp &p) { return p.hm ? blockIdx.y : blockIdx.x; }
+static __device__ __forceinline__ int blk_head(const kp &p) { return p.hm ? blockIdx.x : blockIdx.y; }
+static __device__ __forceinline__ int grid_chunks(const kp &p) { return p.hm ? gridDim.y : gridDim.x; }
 
 /* scratch pointers (fp32 unless noted), indexed [(tt*HV + h) * dim] */
 struct ws {

@@ -274,7 +274,14 @@ static kp make_kp(const kda_kda_args *a) {
   p.scale = a->scale != 0 ? a->scale : 1.f / sqrtf((float)a->K);
   const char *fe = getenv("KDA_KDA_FULL");
   p.full = !(fe && strcmp(fe, "0") == 0);
+  const char *hm = getenv("KDA_KDA_HM");          /* blk_chunk: the chunk kernels' launch order */
+  p.hm = !(hm && strcmp(hm, "0") == 0) && n_chunks_max(a) + 1 <= 65535;   /* gridDim.y's limit */
   return p;
+}
+
+/* the version-2 chunk kernels' grid: (chunks, HV), or head-major (HV, chunks) (blk_chunk) */
+static dim3 chunk_grid(const kp &p, int64_t chunks, int64_t HV) {
+  return p.hm ? dim3((unsigned)HV, (unsigned)chunks) : dim3((unsigned)chunks, (unsigned)HV);
 }
 
 #define SHAPE_FMT "(B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld chunk=%d)"
@@ -745,7 +752,7 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
     auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
-    kern<<<dim3((unsigned)(NTu + tab), (unsigned)a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
+    kern<<<chunk_grid(p, NTu + tab, a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
     LAUNCH_OK("k_intra_tc", "kda cuda");
     return 0;
   }
@@ -910,7 +917,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
   int kept = a->keep && tc && use_precise(a, 1) == prec;
   rowin ri;
   if (!kept && front(a, p, q, k, v, g, beta, A_log, dt_bias, w, st, op, tc, tc && prec, &ri)) return -1;
-  dim3 gc((unsigned)NTu, (unsigned)a->HV);
+  dim3 gc = chunk_grid(p, NTu, a->HV), gc1((unsigned)NTu, (unsigned)a->HV);   /* head-major (blk_chunk); chunk-major: version 1, FR */
   int qk_final = 0;                                /* dq, dk written by k_bwd_final_tc (below) */
   if (tc) {                                        /* prec: the precise twins (suffix _p) */
     size_t sm = smem_state_tc(a->chunk, a->K, prec), smd = smem_state_bwd_tc_db(a->chunk, a->K);
@@ -1053,7 +1060,7 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (fr) {                                      /* fr implies fcm: 256 threads */
       auto kfr = k_bwd_final_fr_ptr();
       if (smem_opt_in((const void *)kfr, sm, a, op, "k_bwd_final_fr") || carveout_max((const void *)kfr, a, op)) return -1;
-      kfr<<<gc, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
+      kfr<<<gc1, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
                                qk_final ? dk : nullptr, w, dout);
     } else
       kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
@@ -1068,14 +1075,14 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     dim3 gs((unsigned)n_seq(a), (unsigned)a->HV, (unsigned)((a->V + BV - 1) / BV));
     k_state_bwd<<<gs, NT, sm, st>>>(p, w, h0, dout, dht, dh0);
     LAUNCH_OK("k_state_bwd", "kda_kda_cuda_backward");
-    k_bwd_rows<<<gc, NT, 0, st>>>(p, dout, w);
+    k_bwd_rows<<<gc1, NT, 0, st>>>(p, dout, w);
     LAUNCH_OK("k_bwd_rows", "kda_kda_cuda_backward");
     sm = smem_mat(a->chunk);
     if (smem_opt_in((const void *)k_bwd_mat, sm, a, op, "k_bwd_mat")) return -1;
-    k_bwd_mat<<<gc, NT, sm, st>>>(p, v, dout, dv, w);
+    k_bwd_mat<<<gc1, NT, sm, st>>>(p, v, dout, dv, w);
     LAUNCH_OK("k_bwd_mat", "kda_kda_cuda_backward");
     sm = (size_t)(2 * a->chunk * (a->chunk + 1) + 2 * a->chunk) * 4;
-    k_bwd_final<<<gc, 128, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, dA_log, ddt_bias, w);
+    k_bwd_final<<<gc1, 128, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, dA_log, ddt_bias, w);
     LAUNCH_OK("k_bwd_final", "kda_kda_cuda_backward");
   }
   if (dA_log || ddt_bias) {                        /* per-chunk partials, summed in chunk order */

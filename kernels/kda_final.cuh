@@ -149,10 +149,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   kv_fix<KV, CM ? 256 : NTC>(p);
   extern __shared__ __align__(16) float sm[];
   __shared__ float red[32];
-  const int cb = blockIdx.x, *ct = w.ctab + 4 * cb;
+  /* FR launches chunk-major (kda_cuda.cu): its grid is one wave or a few at the shapes it runs, and
+   * the select of blk_chunk, blk_head took its spill loads 28 -> 56 bytes (ptxas) */
+  const int cb = FR ? (int)blockIdx.x : blk_chunk(p), *ct = w.ctab + 4 * cb;
   const int n = NF ? NF : ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, HV = p.HV;
+  int64_t t0 = ct[1], h = FR ? (int)blockIdx.y : blk_head(p), K = p.K, HV = p.HV;
   int C = p.C, K16 = r16(K), KS = K16 + 4, CS = C + 4, tid = threadIdx.x;
   /* X's pitch: X is only ever a B operand read by scalar fragment loads (rows k0 + lane % 4,
    * columns j0 + lane / 4), which fall in 32 distinct banks at r16 + 8 (two-way conflicts at
@@ -618,55 +620,125 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * gives dx = r dy - r^3 (dy . x) x, x the raw row, r its factor) runs here and dq, dk go out
    * in bf16; dQ, dKi in fp32 went to k_qk_bwd, which read them back with the raw q, k. The sums
    * run in another order than k_qk_bwd's (lanes strided by 32, not 4 adjacent columns). */
-  /* WG: the rows wp + 16 k share their swizzle mask (fsw_mask): a lane's columns lane + 32 u sit
-   * at row offset sx + 32 u */
-  const int sx = WG ? lane ^ fsw_mask(wp) : 0;
-  auto TR = [&](int i, int d) { return WG ? (i << 7) + sx + (d - lane) : T(i, d); };
-  /* LW lanes a row: 16 at the compiled K = 64 (a lane's 4 columns ln + 16 u), two rows a warp
-   * with their loads in flight together; at 32 lanes a row half of them idled and a warp's
-   * rows waited one after another on their global loads (dKb, dKi) */
-  constexpr int LW = KV == 64 ? 16 : 32, RW = 32 / LW;
-  const int ln = lane % LW;
-  auto rsum = [](float v) { return LW == 32 ? kc_warp_sum(v) : lane_group_sum<LW>(v); };
-  for (int i0 = wp * RW; i0 < n; i0 += (BT / 32) * RW) {
-    const int i = i0 + lane / LW;
-    const bool live = i < n;
-    float acc = 0, b = live ? bs[i] : 0.f, dot = 0, dotq = 0, y[4], yq[4];
-    for (int d0 = ln; d0 < K; d0 += 4 * LW) {      /* 4 columns' loads in flight, same order */
-      float R[4], dk[4], dw[4];
+  if constexpr (KV > 0) {
+    /* The compiled K (64, 128): eight lanes a row, a lane U = K / 32 16-byte chunks of it
+     * (columns 4 (ln + 8 u) ..), four rows a warp at once, so a 512-thread block takes its 64
+     * rows in one pass (two at 256 threads). A quarter warp reads one row's 128 bytes of each
+     * fp32 tile (32 banks once), a row's sums take three shuffles, and dq, dk go out 8 bytes a
+     * lane. A warp's rows q = lane / 8 are i0 + (0, 4, 1, 5)[q]: a half warp's two rows of the
+     * bf16 q, k tiles (8-byte loads) then sit 16 banks apart. The form below (a lane a column
+     * of 32, a warp's rows one after another, 4 of them at K = 128) left this phase waiting on
+     * each row's loads and five-shuffle sums in turn. */
+    constexpr int U = KV / 32;
+    const int ln = lane & 7, q = lane >> 3;
+    for (int i0 = 8 * (wp >> 1) + 2 * (wp & 1); i0 < n; i0 += 4 * BT / 32) {
+      const int i = i0 + 4 * (q & 1) + (q >> 1);
+      const bool live = i < n;
+      const float b = live ? bs[i] : 0.f, fq = live ? rq[i] : 0.f, fk = live ? rk[i] : 0.f;
+      const int tb = WG ? (i << 7) + ((4 * ln) ^ fsw_mask(i)) : i * KS + 4 * ln;   /* T(i, 4 ln) */
+      float4 R[U], dk[U], dw[U], y[U];
+      float4 kx[U], qx[U];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int d = d0 + LW * u;
-        int gi = i * RS + d;
-        if (live && d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
-        if (dk_out && live && d < K) yq[u] = dw[u];   /* the dG tile holds dQ until here */
+      for (int u = 0; u < U; u++) {
+        const int c = 4 * ln + 32 * u, gi = i * RS + c;
+        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        R[u] = !live ? z : KBS ? *(const float4 *)(dKbs + tb + 32 * u) : *(const float4 *)(dKbg + gi);
+        dk[u] = !live ? z : flat ? *(const float4 *)(X + i * XS + c) : *(const float4 *)(dKig + gi);
+        dw[u] = !live ? z : *(const float4 *)(dGs + tb + 32 * u);   /* the dG tile holds dQ until here */
+        kx[u] = live ? bf4(*(const uint2 *)(kb + i * QB + c)) : z;   /* raw rows */
+        qx[u] = live ? bf4(*(const uint2 *)(qb + i * QB + c)) : z;
       }
+      float acc = 0, dot = 0, dotq = 0;
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int d = d0 + LW * u;
-        if (!live || d >= K) break;
-        int gi = i * RS + d;
-        float kn = kv(i, d);
-        y[u] = dk[u] + b * R[u];
-        if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
-        else dKig[gi] = y[u];
-        if (!dk_out) dQg[gi] = dw[u];              /* for k_qk_bwd */
-        /* dG = q dQ - k dKi + k b R', dKi the row's total before R' (the diagonal, column terms') */
-        dGs[TR(i, d)] = qv(i, d) * dw[u] - kn * dk[u] + kn * b * R[u];
-        acc += kn * R[u];
+      for (int u = 0; u < U; u++) {
+        const float *Ru = &R[u].x, *dku = &dk[u].x, *dwu = &dw[u].x, *ku = &kx[u].x, *qu = &qx[u].x;
+        float yu[4], gu[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float kn = ku[e] * fk, qn = qu[e] * fq;
+          yu[e] = dku[e] + b * Ru[e];
+          dot += yu[e] * ku[e], dotq += dwu[e] * qu[e];
+          /* dG = q dQ - k dKi + k b R', dKi the row's total before R' (the diagonal, column terms') */
+          gu[e] = qn * dwu[e] - kn * dku[e] + kn * b * Ru[e];
+          acc += kn * Ru[e];
+        }
+        y[u] = make_float4(yu[0], yu[1], yu[2], yu[3]);
+        if (live) {
+          const int gi = i * RS + 4 * ln + 32 * u;
+          *(float4 *)(dGs + tb + 32 * u) = make_float4(gu[0], gu[1], gu[2], gu[3]);
+          if (!dk_out) *(float4 *)(dKig + gi) = y[u], *(float4 *)(dQg + gi) = dw[u];   /* for k_qk_bwd */
+        }
+      }
+      acc = lane_group_sum<8>(acc), dot = lane_group_sum<8>(dot), dotq = lane_group_sum<8>(dotq);
+      if (!ln && live) dbi[i] += acc;
+      if (dk_out && live) {
+        const float ck = fk * fk * fk * dot, cq = fq * fq * fq * dotq;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const float *yu = &y[u].x, *dwu = &dw[u].x, *ku = &kx[u].x, *qu = &qx[u].x;
+          float ok[4], oq[4];
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            ok[e] = p.l2 ? fk * yu[e] - ck * ku[e] : yu[e];
+            oq[e] = p.l2 ? fq * dwu[e] - cq * qu[e] : dwu[e];
+          }
+          const int64_t gi = g0 + i * RS + 4 * ln + 32 * u;
+          *(uint2 *)((sbf *)dk_out + gi) = make_uint2(pk_bf2(ok[0], ok[1]), pk_bf2(ok[2], ok[3]));
+          *(uint2 *)((sbf *)dq_out + gi) = make_uint2(pk_bf2(oq[0], oq[1]), pk_bf2(oq[2], oq[3]));
+        }
       }
     }
-    acc = rsum(acc);
-    if (!ln && live) dbi[i] += acc;
-    if (dk_out) {
-      const int gi0 = i * RS;
-      float fk = live ? rk[i] : 0.f, ck = fk * fk * fk * rsum(dot), fq = live ? rq[i] : 0.f, cq = fq * fq * fq * rsum(dotq);
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int d = ln + LW * u;
-        if (!live || d >= K) break;
-        stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
-        stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
+  } else {
+    /* WG: the rows wp + 16 k share their swizzle mask (fsw_mask): a lane's columns lane + 32 u sit
+     * at row offset sx + 32 u */
+    const int sx = WG ? lane ^ fsw_mask(wp) : 0;
+    auto TR = [&](int i, int d) { return WG ? (i << 7) + sx + (d - lane) : T(i, d); };
+    /* LW lanes a row: 16 at the compiled K = 64 (a lane's 4 columns ln + 16 u), two rows a warp
+     * with their loads in flight together; at 32 lanes a row half of them idled and a warp's
+     * rows waited one after another on their global loads (dKb, dKi) */
+    constexpr int LW = KV == 64 ? 16 : 32, RW = 32 / LW;
+    const int ln = lane % LW;
+    auto rsum = [](float v) { return LW == 32 ? kc_warp_sum(v) : lane_group_sum<LW>(v); };
+    for (int i0 = wp * RW; i0 < n; i0 += (BT / 32) * RW) {
+      const int i = i0 + lane / LW;
+      const bool live = i < n;
+      float acc = 0, b = live ? bs[i] : 0.f, dot = 0, dotq = 0, y[4], yq[4];
+      for (int d0 = ln; d0 < K; d0 += 4 * LW) {      /* 4 columns' loads in flight, same order */
+        float R[4], dk[4], dw[4];
+  #pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int d = d0 + LW * u;
+          int gi = i * RS + d;
+          if (live && d < K) R[u] = KBS ? dKbs[TR(i, d)] : dKbg[gi], dk[u] = flat ? X[i * XS + d] : dKig[gi], dw[u] = dGs[TR(i, d)];
+          if (dk_out && live && d < K) yq[u] = dw[u];   /* the dG tile holds dQ until here */
+        }
+  #pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int d = d0 + LW * u;
+          if (!live || d >= K) break;
+          int gi = i * RS + d;
+          float kn = kv(i, d);
+          y[u] = dk[u] + b * R[u];
+          if (dk_out) dot += y[u] * __bfloat162float(kb[i * QB + d]), dotq += yq[u] * __bfloat162float(qb[i * QB + d]);
+          else dKig[gi] = y[u];
+          if (!dk_out) dQg[gi] = dw[u];              /* for k_qk_bwd */
+          /* dG = q dQ - k dKi + k b R', dKi the row's total before R' (the diagonal, column terms') */
+          dGs[TR(i, d)] = qv(i, d) * dw[u] - kn * dk[u] + kn * b * R[u];
+          acc += kn * R[u];
+        }
+      }
+      acc = rsum(acc);
+      if (!ln && live) dbi[i] += acc;
+      if (dk_out) {
+        const int gi0 = i * RS;
+        float fk = live ? rk[i] : 0.f, ck = fk * fk * fk * rsum(dot), fq = live ? rq[i] : 0.f, cq = fq * fq * fq * rsum(dotq);
+  #pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int d = ln + LW * u;
+          if (!live || d >= K) break;
+          stb(dk_out, g0 + (gi0 + d), p.l2 ? fk * y[u] - ck * __bfloat162float(kb[i * QB + d]) : y[u]);
+          stb(dq_out, g0 + (gi0 + d), p.l2 ? fq * yq[u] - cq * __bfloat162float(qb[i * QB + d]) : yq[u]);
+        }
       }
     }
   }

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_tc(kp p, const void *q, co
   /* a compiled shape's full chunk (kv_fix: C = 64) with n = 64 fixed. H200, 2026-12-02s28g: graph
    * (32,512,4,64) 0.456 -> 0.453 ms, (8,512,4,64) 0.147 -> 0.145 (the compact form's spill gone);
    * the large shapes within the rounds' spread (this kernel 1290 -> 1279 us at (8,2048,16,128)) */
-  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))
+  if (full_chunk<PR, KV>(p, w.ctab, blk_chunk(p)))
     bwd_final_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
   else bwd_final_tc<PR, CM, KV, 0>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);
 }
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_fr(kp p, const void *q, co
                                                         const void *beta, const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, void *dq_out, void *dk_out, ws w,
                                                         const void *dout) {
-  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x))
+  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x))   /* chunk-major: kda_final.cuh's cb */
     bwd_final_tc<false, true, 64, 64, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
   else bwd_final_tc<false, true, 64, 0, false, true>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w, dout);
 }

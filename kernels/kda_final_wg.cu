@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(NTC, 1) k_bwd_final_wg(kp p, const void *q, co
                                                         const void *beta, const float *A_log, const float *dt_bias,
                                                         void *dg, void *dbeta, void *dq_out, void *dk_out, ws w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x))
+  if (full_chunk<false, 128>(p, w.ctab, blk_chunk(p)))
     bwd_final_tc<false, false, 128, FULL_NF<false, 128>, true, false, Q16>(p, q, k, g, beta, A_log, dt_bias, dg,
                                                                           dbeta, dq_out, dk_out, w);
   else bwd_final_tc<false, false, 128, 0, true, false, Q16>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, dq_out, dk_out, w);

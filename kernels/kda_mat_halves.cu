@@ -35,10 +35,10 @@ template <int NF>
 static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int *ct = w.ctab + 4 * blk_chunk(p);
   const int n = NF ? NF : ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int64_t t0 = ct[1], h = blk_head(p), K = p.K, V = p.V, HV = p.HV;
   const int C = p.C, V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KHS = MH_KH + 4, PS = mat_ps(V);
   const int64_t r0 = ROWI(0);                      /* the epilogues' rows at 32-bit offsets from it */
   const int RK = (int)(HV * K), RV = (int)(HV * V), RC = (int)HV * C;
@@ -126,7 +126,7 @@ static __device__ __forceinline__ void bwd_mat_h(kp p, const void *v, void *dv, 
 }
 /* a full chunk with n = 64 fixed, as k_bwd_mat_tc's */
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_tc_h(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_h<FULL_NF<false, 128>>(p, v, dv, w);
+  if (full_chunk<false, 128>(p, w.ctab, blk_chunk(p))) bwd_mat_h<FULL_NF<false, 128>>(p, v, dv, w);
   else bwd_mat_h<0>(p, v, dv, w);
 }
 

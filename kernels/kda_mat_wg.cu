@@ -83,12 +83,12 @@ template <int N> static __device__ __forceinline__ void mw_prod(float (&d)[N / 2
 template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp p, const void *v, void *dv, ws w) {
   kv_fix<128, NTC>(p);
   extern __shared__ __align__(16) uint8_t raw[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int *ct = w.ctab + 4 * blk_chunk(p);
   const int n = NF ? NF : ct[2];
   if (!n) return;
   constexpr int C = 64, K = 128, V = 128;
   const int PS = mat_ps(128);
-  const int64_t t0 = ct[1], h = blockIdx.y, HV = p.HV;
+  const int64_t t0 = ct[1], h = blk_head(p), HV = p.HV;
   const int64_t r0 = ROWI(0);                      /* the epilogues' rows at 32-bit offsets from it */
   const int RK = (int)(HV * K), RV = (int)(HV * V), RC = (int)HV * C;
   float *Ms = (float *)(raw + ((1024 - (smem_u32(raw) & 1023)) & 1023)), *MsT = Ms + MW_T, *A0 = MsT + MW_T,
@@ -248,7 +248,7 @@ template <int NF, bool W16> static __device__ __forceinline__ void bwd_mat_wg(kp
 template <bool W16>
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_wg(kp p, const void *v, const void *dout, void *dv, ws w) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (full_chunk<false, 128>(p, w.ctab, blockIdx.x)) bwd_mat_wg<FULL_NF<false, 128>, W16>(p, v, dv, w);
+  if (full_chunk<false, 128>(p, w.ctab, blk_chunk(p))) bwd_mat_wg<FULL_NF<false, 128>, W16>(p, v, dv, w);
   else bwd_mat_wg<0, W16>(p, v, dv, w);
 #else
   __trap();   /* built for sm_90a only; the host never launches it elsewhere */

@@ -38,8 +38,8 @@ __global__ void __launch_bounds__(NTC, 2) k_bwd_rows_wg(kp p, const void *dout, 
   kv_fix<RW_K, NTC>(p);
   extern __shared__ __align__(16) uint8_t raw[];
   constexpr int K = RW_K, V = RW_K, C = RW_C;
-  const int cb = blockIdx.x;
-  const int64_t h = blockIdx.y, HV = p.HV;
+  const int cb = blk_chunk(p);
+  const int64_t h = blk_head(p), HV = p.HV;
   const int *ct = w.ctab + 4 * cb;
   const int n = ct[2];
   if (!n) return;

@@ -49,8 +49,8 @@ size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V) {
  * run slower) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri, int tab) {
-  if (tab && blockIdx.x == gridDim.x - 1) {
-    if (!blockIdx.y) chunk_table(p, gridDim.x - 1, w.ctab, w.sfirst, w.flow);
+  if (tab && blk_chunk(p) == grid_chunks(p) - 1) {
+    if (!blk_head(p)) chunk_table(p, grid_chunks(p) - 1, w.ctab, w.sfirst, w.flow);
     return;
   }
   /* a compiled shape's full chunk with n = 64 fixed (here and in k_bwd_mat_tc, as in the final
@@ -59,10 +59,10 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *
    * (8,512,4,64) 0.146 -> 0.144 */
   int64_t t0;
   int n;
-  chunk_of(p, w, blockIdx.x, tab, &t0, &n);
+  chunk_of(p, w, blk_chunk(p), tab, &t0, &n);
   if (full_rows<PR, KV>(p, n))
-    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blockIdx.y);
-  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blockIdx.y);
+    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blk_head(p));
+  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blk_head(p));
 }
 intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
   static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},

@@ -228,7 +228,7 @@ static __device__ __forceinline__ void bwd_rows_tc(kp p, const void *dout, ws w,
 }
 template <bool PR, int KV>
 __global__ void __launch_bounds__(NTC) k_bwd_rows_tc(kp p, const void *dout, ws w, int lay) {
-  bwd_rows_tc<PR, KV>(p, dout, w, lay, blockIdx.x, blockIdx.y);
+  bwd_rows_tc<PR, KV>(p, dout, w, lay, blk_chunk(p), blk_head(p));
 }
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv) {
   static const rows_tc_fn t[2][3] = {KV_SLOTS(k_bwd_rows_tc, false), KV_SLOTS(k_bwd_rows_tc, true)};
@@ -329,10 +329,10 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
-  const int *ct = w.ctab + 4 * blockIdx.x;
+  const int *ct = w.ctab + 4 * blk_chunk(p);
   const int n = NF ? NF : ct[2];
   if (!n) return;
-  int64_t t0 = ct[1], h = blockIdx.y, K = p.K, V = p.V, HV = p.HV;
+  int64_t t0 = ct[1], h = blk_head(p), K = p.K, V = p.V, HV = p.HV;
   int C = p.C, K16 = r16(K), V16 = r16(V), VB = V16 + 8, CS = C + 4, VS = V16 + 4, KS = K16 + 4;
   const int64_t r0 = ROWI(0);                      /* the epilogues' rows at 32-bit offsets from it */
   const int RK = (int)(HV * K), RV = (int)(HV * V), RC = (int)HV * C;
@@ -361,7 +361,7 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   cp_tile_f32(dVs, VS, C, V16, n, (int)V, V % 4 == 0, [&](int i) { return w.dvn + ROWI(i) * V; });
   sbf *dVb = dO, *S0b = (sbf *)dM;                 /* MW's operands */
   if constexpr (MW)
-    cp_tile_bf16(S0b, VB, K16, V16, (int)K, V, w.h, ((int64_t)blockIdx.x * HV + h) * K, 1, 0);
+    cp_tile_bf16(S0b, VB, K16, V16, (int)K, V, w.h, ((int64_t)blk_chunk(p) * HV + h) * K, 1, 0);
   else
     cp_tile_f32(dWs, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.dW + ROWI(i) * K; });
   cp_tile_f32(Kb, KS, C, K16, n, (int)K, K % 4 == 0, [&](int i) { return w.Kb + ROWI(i) * K; });
@@ -490,12 +490,12 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
 /* compact: two blocks an SM (64 registers a thread at 512) */
 template <bool PR, bool CM, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_bwd_mat_tc(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if (full_chunk<PR, KV>(p, w.ctab, blockIdx.x))  /* n = 64 fixed (k_intra_tc's measure) */
+  if (full_chunk<PR, KV>(p, w.ctab, blk_chunk(p)))  /* n = 64 fixed (k_intra_tc's measure) */
     bwd_mat_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, dout, dv, w);
   else bwd_mat_tc<PR, CM, KV, 0>(p, v, dout, dv, w);
 }
 __global__ void __launch_bounds__(NTC, 2) k_bwd_mat_mw(kp p, const void *v, const void *dout, void *dv, ws w) {
-  if (full_chunk<false, 64>(p, w.ctab, blockIdx.x)) bwd_mat_tc<false, true, 64, 64, true>(p, v, dout, dv, w);
+  if (full_chunk<false, 64>(p, w.ctab, blk_chunk(p))) bwd_mat_tc<false, true, 64, 64, true>(p, v, dout, dv, w);
   else bwd_mat_tc<false, true, 64, 0, true>(p, v, dout, dv, w);
 }
 mat_tc_fn k_bwd_mat_mw_ptr(void) { return k_bwd_mat_mw; }
