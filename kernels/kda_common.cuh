@@ -57,8 +57,12 @@ struct kp {
 /* A chunk kernel's chunk and value head. Launched head-major (p.hm: blockIdx.x the head, y the
  * chunk), the blocks resident together are every head of a few consecutive chunks, so their rows
  * of the [T, HV, .] tensors make whole token rows (HV K elements, 4 KB of bf16 at HV = 16, K = 128);
- * chunk-major, one head's chunks: one 256-byte piece of each 4 KB token row. (KDA_KDA_HM=0:
- * chunk-major.) */
+ * chunk-major, one head's chunks: one 256-byte piece of each 4 KB token row. H100, one run,
+ * three rounds, KDA_KDA_HM=0 (chunk-major) against on in the same binary (2026-12-07s67a):
+ * fwd+bwd (8,2048,16,128) 2.201-2.210 -> 2.144-2.165 ms, fwd 0.727-0.729 -> 0.713-0.719; ncu
+ * k_bwd_final_wg 810.9 -> 793.1 us, k_intra_tc 682.2 -> 667.0, k_bwd_mat_wg 424.4 -> 415.7;
+ * (1,8192,16,128) and the small shapes equal. The FR final kernel stays chunk-major
+ * (kda_final.cuh). */
 static __device__ __forceinline__ int blk_chunk(const kp &p) { return p.hm ? blockIdx.y : blockIdx.x; }
 static __device__ __forceinline__ int blk_head(const kp &p) { return p.hm ? blockIdx.x : blockIdx.y; }
 static __device__ __forceinline__ int grid_chunks(const kp &p) { return p.hm ? gridDim.y : gridDim.x; }
