@@ -619,7 +619,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * final here and its dQ since the row products, so their l2-norm backward (k_qk_bwd's: y = x r
    * gives dx = r dy - r^3 (dy . x) x, x the raw row, r its factor) runs here and dq, dk go out
    * in bf16; dQ, dKi in fp32 went to k_qk_bwd, which read them back with the raw q, k. The sums
-   * run in another order than k_qk_bwd's (lanes strided by 32, not 4 adjacent columns). */
+   * run in another order than k_qk_bwd's (the compiled-K form: a lane's chunks, then eight lanes;
+   * the any-K form: lanes strided by 32). */
   if constexpr (KV > 0) {
     /* The compiled K (64, 128): eight lanes a row, a lane U = K / 32 16-byte chunks of it
      * (columns 4 (ln + 8 u) ..), four rows a warp at once, so a 512-thread block takes its 64
