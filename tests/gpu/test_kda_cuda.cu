@@ -14,7 +14,8 @@
  * compiled K = V = 64 / 128 shapes) with the wide state passes forced (KDA_KDA_WIDE=1) and off,
  * with the flow off and the second-tile-set state passes at 16 and 32 V columns a block
  * (KDA_KDA_STATE_BV), and (K % 4 == 0, K <= 128) with the fused front off (KDA_KDA_ROWS_IN=0) and on,
- * and the chunk kernels on their chunk-major grid (KDA_KDA_HM=0) and head-major (the default),
+ * and the chunk kernels on their chunk-major grid (KDA_KDA_HM=0) and head-major (the default;
+ * at K = V = 128 on sm_90 also with the wgmma kernels and the fused sweep),
  * and (the compiled shapes, compute capability 9.0) the flow kernel's persistent intra blocks
  * (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1, ns + 3 blocks) against the block-a-task intra kernel,
  * and (the compiled K = V = 64 shapes) the final and mat kernels forming the rows kernel's
@@ -541,13 +542,20 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
     }
     /* the chunk kernels' launch order (kda_common.cuh blk_chunk): head-major, the default, against
      * chunk-major (KDA_KDA_HM=0, and more than 65534 chunks a call): a kept forward and its
-     * backward, the same bytes */
-    if (!(se && *se && strcmp(se, "0")) && !rc) {
+     * backward, the same bytes; with the mma.sync kernels this test compares, then (K = V = 128
+     * on sm_90) with the wgmma ones and the fused sweep's bf16 hand-offs, as a default run takes
+     * them */
+    for (int wg = 0; wg < 2 && !(se && *se && strcmp(se, "0")) && !rc; wg++) {
+      if (wg && !(kvc && a.K == 128 && !pk && maj_ == 9)) break;
+      const char *on = wg ? "1" : nullptr;          /* nullptr: the variable as it is */
+      env_scope e0("KDA_KDA_WIDE", on), e1("KDA_KDA_WG", on), e2("KDA_KDA_WGB", on), e3("KDA_KDA_ROWSWG", on),
+          e4("KDA_KDA_MATWG", on), e5("KDA_KDA_FINALWG", on), e6("KDA_KDA_SR", on);
+      const char *kind = wg ? " (the wgmma kernels, KDA_KDA_SR=1)" : "";
       std::vector<std::vector<char>> got[2];
       for (int hm = 0; hm < 2 && !rc; hm++) rc = kept_run("KDA_KDA_HM", hm ? "1" : "0", 1, got[hm]);
       same = !rc && got[0] == got[1];
-      if (same) printf("ok - %s: head-major chunk grid = chunk-major (KDA_KDA_HM=0), bit for bit\n", name), npass++;
-      else printf("FAIL - %s: head-major chunk grid differs from chunk-major%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      if (same) printf("ok - %s: head-major chunk grid = chunk-major (KDA_KDA_HM=0)%s, bit for bit\n", name, kind), npass++;
+      else printf("FAIL - %s: head-major chunk grid differs from chunk-major%s%s%s\n", name, kind, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
     /* the flow kernel's persistent intra blocks (kda_cuda.cu use_persist, k_fwd_flow_ps: each
      * task staging the next one's raw rows by bulk copies; the compiled wide fast form with the
