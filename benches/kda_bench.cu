@@ -6,7 +6,11 @@
  * (the fresh buffers written once before the first call, as the backend does; KDA_BENCH_TOUCH=0 not).
  * FLOP counts: KDA.md §8 "executed" formulas; bytes: the fused-ideal I/O (read q,k,v,g,beta,
  * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
- * from the bandwidth floor the kernels are.                                                    */
+ * from the bandwidth floor the kernels are.
+ * KDA_BENCH_GATE=1: the trainer's layer instead (lua/kda/nn.lua's Node:kda): raw g = randn
+ * through the softplus gate with A_log [H] = log(1 .. 16) and dt_bias [H*D] = 0.1 randn-like
+ * values, raw beta = randn through sigmoid in the kernel, and the backward also forms dA_log and
+ * ddt_bias (k_gate_reduce). The fla-style pre-gated default leaves the gate's chains idle.      */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -72,7 +76,11 @@ static void *dev_rand(size_t n, int kind) {   /* 0 randn, 1 logsigmoid(randn), 2
   return d;
 }
 
-struct bufs { void *q, *k, *v, *g, *b, *o, *dO, *dq, *dk, *dv, *dg, *db, *ws; int64_t wsb; };
+struct bufs {
+  void *q, *k, *v, *g, *b, *o, *dO, *dq, *dk, *dv, *dg, *db, *ws;
+  float *A_log, *dt_bias, *dA_log, *ddt_bias;       /* KDA_BENCH_GATE=1 only, else NULL */
+  int64_t wsb;
+};
 
 /* fwd+bwd as a trainer runs it: the forward keeps its internals for the backward (a->keep,
  * kda_cuda.h); KDA_BENCH_KEEP=0 makes the backward recompute them (the forward alone never keeps) */
@@ -81,9 +89,10 @@ static int run(const kda_kda_args *a0, bufs &x, int bwd, cudaStream_t st) {
   const char *e = getenv("KDA_BENCH_KEEP");
   ak.keep = bwd && !(e && strcmp(e, "0") == 0);
   const kda_kda_args *a = &ak;
-  if (kda_kda_cuda_forward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.o, nullptr, x.ws, x.wsb, st)) return -1;
-  if (bwd && kda_kda_cuda_backward(a, x.q, x.k, x.v, x.g, x.b, nullptr, nullptr, nullptr, x.dO, nullptr, x.dq, x.dk,
-                                   x.dv, x.dg, x.db, nullptr, nullptr, nullptr, x.ws, x.wsb, st)) return -1;
+  if (kda_kda_cuda_forward(a, x.q, x.k, x.v, x.g, x.b, x.A_log, x.dt_bias, nullptr, x.o, nullptr, x.ws, x.wsb, st))
+    return -1;
+  if (bwd && kda_kda_cuda_backward(a, x.q, x.k, x.v, x.g, x.b, x.A_log, x.dt_bias, nullptr, x.dO, nullptr, x.dq, x.dk,
+                                   x.dv, x.dg, x.db, x.dA_log, x.ddt_bias, nullptr, x.ws, x.wsb, st)) return -1;
   return 0;
 }
 
@@ -130,9 +139,12 @@ int main() {
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || !ndev) { printf("# no CUDA device: bench skipped\n"); return 0; }
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
-  const char *simple = getenv("KDA_KDA_SIMPLE");
-  printf("# kda_bench on %s; bf16, pre-gated g = logsigmoid(randn), l2norm in kernel, chunk 64; path: %s\n",
-         pr.name, simple && *simple && simple[0] != '0' ? "version 1 (KDA_KDA_SIMPLE=1)" : "version 2 (tensor cores)");
+  const char *simple = getenv("KDA_KDA_SIMPLE"), *gate = getenv("KDA_BENCH_GATE");
+  const int model_gate = gate && *gate && gate[0] != '0';
+  printf("# kda_bench on %s; bf16, %s, l2norm in kernel, chunk 64; path: %s\n", pr.name,
+         model_gate ? "the trainer's gate (KDA_BENCH_GATE=1: softplus with A_log, dt_bias; sigmoid beta)"
+                    : "pre-gated g = logsigmoid(randn)",
+         simple && *simple && simple[0] != '0' ? "version 1 (KDA_KDA_SIMPLE=1)" : "version 2 (tensor cores)");
   printf("# FLOPs: KDA.md §8 executed counts; bytes: fused-ideal I/O\n");
   printf("# first_ms: the shape's first call, host wall-clock to its end; wall_ms: a warm call's, the\n"
          "# same clock (median); first_x = first_ms / wall_ms; med_ms, graph_ms: warm GPU time (cudaEvents)\n");
@@ -171,9 +183,19 @@ int main() {
     kda_kda_args a = {};
     a.B = B, a.T = T, a.H = H, a.HV = H, a.K = D, a.V = D, a.chunk = (int)C, a.qk_l2norm = 1;
     int64_t n = B * T * H * D, nb = B * T * H;
-    bufs x;
-    x.q = dev_rand(n, 0), x.k = dev_rand(n, 0), x.v = dev_rand(n, 0), x.g = dev_rand(n, 1);
-    x.b = dev_rand(nb, 2), x.dO = dev_rand(n, 0);
+    bufs x = {};
+    x.q = dev_rand(n, 0), x.k = dev_rand(n, 0), x.v = dev_rand(n, 0), x.g = dev_rand(n, model_gate ? 0 : 1);
+    x.b = dev_rand(nb, model_gate ? 0 : 2), x.dO = dev_rand(n, 0);
+    if (model_gate) {                              /* A_log = log(1 + 15 h / H), dt_bias in [-0.1, 0.1] */
+      a.gate_mode = KDA_GATE_SOFTPLUS, a.beta_mode = KDA_BETA_SIGMOID;
+      std::vector<float> al(H), dtb(H * D);
+      for (int64_t i = 0; i < H; i++) al[i] = logf(1.f + 15.f * (float)i / (float)H);
+      for (int64_t i = 0; i < H * D; i++) dtb[i] = 0.1f * sinf(0.37f * (float)i);
+      CK(cudaMalloc(&x.A_log, H * 4)); CK(cudaMalloc(&x.dt_bias, H * D * 4));
+      CK(cudaMalloc(&x.dA_log, H * 4)); CK(cudaMalloc(&x.ddt_bias, H * D * 4));
+      CK(cudaMemcpy(x.A_log, al.data(), H * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(x.dt_bias, dtb.data(), H * D * 4, cudaMemcpyHostToDevice));
+    }
     CK(cudaMalloc(&x.o, n * 2)); CK(cudaMalloc(&x.dq, n * 2)); CK(cudaMalloc(&x.dk, n * 2));
     CK(cudaMalloc(&x.dv, n * 2)); CK(cudaMalloc(&x.dg, n * 2)); CK(cudaMalloc(&x.db, nb * 2));
     x.wsb = kda_kda_cuda_workspace_bytes(&a, 1);
@@ -230,7 +252,8 @@ int main() {
                (long long)D);
       kda_phase_report(nm);                        /* kda_bench_phases only (-DKDA_PHASES) */
     }
-    void *fr[] = {x.q, x.k, x.v, x.g, x.b, x.o, x.dO, x.dq, x.dk, x.dv, x.dg, x.db, x.ws};
+    void *fr[] = {x.q, x.k, x.v, x.g, x.b, x.o, x.dO, x.dq, x.dk, x.dv, x.dg, x.db, x.ws,
+                  x.A_log, x.dt_bias, x.dA_log, x.ddt_bias};   /* (cudaFree(NULL) is a no-op) */
     for (void *p : fr) CK(cudaFree(p));
   }
   return 0;
