@@ -8,9 +8,12 @@
  * write o; backward also reads dout and writes the five input gradients), so GB/s says how far
  * from the bandwidth floor the kernels are.
  * KDA_BENCH_GATE=1: the trainer's layer instead (lua/kda/nn.lua's Node:kda): raw g = randn
- * through the softplus gate with A_log [H] = log(1 .. 16) and dt_bias [H*D] = 0.1 randn-like
- * values, raw beta = randn through sigmoid in the kernel, and the backward also forms dA_log and
- * ddt_bias (k_gate_reduce). The fla-style pre-gated default leaves the gate's chains idle.      */
+ * through the softplus gate with its init (A_log [H] = log(1 .. 16), dt_bias [H*D] = softplus^-1
+ * of dt in [1e-3, 1e-1], log-spaced), raw beta = randn through sigmoid in the kernel, and the
+ * backward also forms dA_log and ddt_bias (k_gate_reduce). KDA_BENCH_GATE=2: the same with
+ * dt_bias in [-0.1, 0.1] (what 2026-12-07s68a timed as "=1"): decays of ~0.7 e^A_log a token,
+ * every chunk steep (the per-block path). The fla-style pre-gated default leaves the gate's
+ * chains idle.                                                                               */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -140,10 +143,15 @@ int main() {
   cudaDeviceProp pr;
   CK(cudaGetDeviceProperties(&pr, 0));
   const char *simple = getenv("KDA_KDA_SIMPLE"), *gate = getenv("KDA_BENCH_GATE");
-  const int model_gate = gate && *gate && gate[0] != '0';
+  const int model_gate = gate && *gate ? atoi(gate) : 0;   /* 1 the trainer's init, 2 steep */
+  if (model_gate < 0 || model_gate > 2) {
+    fprintf(stderr, "KDA_BENCH_GATE=%s: use 0 (pre-gated), 1 (the trainer's gate init) or 2 (steep)\n", gate);
+    return 2;
+  }
   printf("# kda_bench on %s; bf16, %s, l2norm in kernel, chunk 64; path: %s\n", pr.name,
-         model_gate ? "the trainer's gate (KDA_BENCH_GATE=1: softplus with A_log, dt_bias; sigmoid beta)"
-                    : "pre-gated g = logsigmoid(randn)",
+         model_gate == 1   ? "the trainer's gate (KDA_BENCH_GATE=1: softplus with A_log, dt_bias at init; sigmoid beta)"
+         : model_gate == 2 ? "a steep softplus gate (KDA_BENCH_GATE=2: dt_bias ~ 0; sigmoid beta)"
+                           : "pre-gated g = logsigmoid(randn)",
          simple && *simple && simple[0] != '0' ? "version 1 (KDA_KDA_SIMPLE=1)" : "version 2 (tensor cores)");
   printf("# FLOPs: KDA.md §8 executed counts; bytes: fused-ideal I/O\n");
   printf("# first_ms: the shape's first call, host wall-clock to its end; wall_ms: a warm call's, the\n"
@@ -186,11 +194,15 @@ int main() {
     bufs x = {};
     x.q = dev_rand(n, 0), x.k = dev_rand(n, 0), x.v = dev_rand(n, 0), x.g = dev_rand(n, model_gate ? 0 : 1);
     x.b = dev_rand(nb, model_gate ? 0 : 2), x.dO = dev_rand(n, 0);
-    if (model_gate) {                              /* A_log = log(1 + 15 h / H), dt_bias in [-0.1, 0.1] */
+    if (model_gate) {                              /* A_log = log(1 + 15 h / H); dt_bias as above */
       a.gate_mode = KDA_GATE_SOFTPLUS, a.beta_mode = KDA_BETA_SIGMOID;
       std::vector<float> al(H), dtb(H * D);
       for (int64_t i = 0; i < H; i++) al[i] = logf(1.f + 15.f * (float)i / (float)H);
-      for (int64_t i = 0; i < H * D; i++) dtb[i] = 0.1f * sinf(0.37f * (float)i);
+      for (int64_t i = 0; i < H * D; i++) {
+        const float u = 0.5f + 0.5f * sinf(0.37f * (float)i);   /* in [0, 1], spread over the columns */
+        const float dt = expf(logf(1e-3f) + u * (logf(1e-1f) - logf(1e-3f)));
+        dtb[i] = model_gate == 1 ? dt + logf(-expm1f(-dt)) : 0.1f * sinf(0.37f * (float)i);   /* softplus^-1(dt) */
+      }
       CK(cudaMalloc(&x.A_log, H * 4)); CK(cudaMalloc(&x.dt_bias, H * D * 4));
       CK(cudaMalloc(&x.dA_log, H * 4)); CK(cudaMalloc(&x.ddt_bias, H * D * 4));
       CK(cudaMemcpy(x.A_log, al.data(), H * 4, cudaMemcpyHostToDevice));
