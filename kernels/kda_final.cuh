@@ -612,6 +612,16 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
+  /* The gate chain's raw g rows (bf16 [C][KV], 16-byte copies) land in X's rows C .. C + 31
+   * while the R terms run: free from here (the R terms read X's rows < n only), and the 32 rows
+   * hold 32 XS >= 32 (KV + 4) floats, more than C KV / 2 at C = 64. The chain read g from global
+   * memory, eight rows a batch, a load latency each batch. */
+  if (KV > 0 && p.gate_mode && al16(g))
+    for (int e = tid; e < KV * 8; e += BT) {       /* C = 64 rows of KV / 8 16-byte chunks */
+      const int r = e / (KV / 8), c = (e % (KV / 8)) * 8;
+      const bool ok = r < n;
+      cp_async16((sbf *)(X + C * XS) + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
+    }
   /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
    * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
    * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
@@ -746,6 +756,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
   }
+  if (KV > 0 && p.gate_mode) cp_async_wait_all();  /* the chain's g rows */
   __syncthreads();
   PH(7);
   /* reverse cumsum + gate chain (§2.1), a column's rows in ns segments of L, a thread each
@@ -758,6 +769,12 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   const int64_t gp = ((int64_t)cb * HV + h) * (K + 1);
   const int ns = BT / (int)K < 8 ? BT / (int)K : 8, L = (n + ns - 1) / ns, d = tid % (int)K, s = tid / (int)K;
   auto dg_at = [&](int r) { return dGs[T(r, d)]; };
+  const bool gst = KV > 0 && al16(g);              /* (read only where p.gate_mode) */
+  auto g_col = [&](int c) {                        /* column c's raw gate rows, staged or global */
+    return [&, c](int r) {
+      return gst ? __bfloat162float(((const sbf *)(X + C * XS))[r * KV + c]) : ldb(g, ((t0 + r) * HV + h) * K + c);
+    };
+  };
   if (ns >= 2) {
     float *segT = X, *segD = X + ns * K16;            /* [ns][K16] totals, ddt_bias partials */
     const int lo = s * L, hi = (s + 1) * L < n ? (s + 1) * L - 1 : n - 1;
@@ -770,7 +787,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     if (s < ns) {
       float acc = dGn[d];
       for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
-      segD[s * K16 + d] = gate_chain_col(p, dg_at, g, dt_bias, A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      segD[s * K16 + d] = gate_chain_col(p, dg_at, g_col(d), dt_bias, A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
     }
     __syncthreads();
     for (int c = tid; c < K; c += BT) {
@@ -780,8 +797,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
   } else
     for (int c = tid; c < K; c += BT)
-      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g, dt_bias, A_log != NULL, dg, t0,
-                                       h, 0, n - 1, c, dGn[c], ea, &dAl);
+      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dt_bias, A_log != NULL,
+                                       dg, t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[gp + K] = dAl;
   PH(8);
