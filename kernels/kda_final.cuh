@@ -616,12 +616,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * while the R terms run: free from here (the R terms read X's rows < n only), and the 32 rows
    * hold 32 XS >= 32 (KV + 4) floats, more than C KV / 2 at C = 64. The chain read g from global
    * memory, eight rows a batch, a load latency each batch. */
-  if (KV > 0 && p.gate_mode && al16(g))
-    for (int e = tid; e < KV * 8; e += BT) {       /* C = 64 rows of KV / 8 16-byte chunks */
-      const int r = e / (KV / 8), c = (e % (KV / 8)) * 8;
-      const bool ok = r < n;
-      cp_async16((sbf *)(X + C * XS) + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
-    }
+  if constexpr (KV > 0)
+    if (p.gate_mode && al16(g))
+      for (int e = tid; e < KV * 8; e += BT) {     /* C = 64 rows of KV / 8 16-byte chunks */
+        const int r = e / (KV / 8), c = (e % (KV / 8)) * 8;
+        const bool ok = r < n;
+        cp_async16((sbf *)(X + C * XS) + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
+      }
   /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
    * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
    * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
