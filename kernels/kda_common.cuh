@@ -155,6 +155,15 @@ static __device__ __forceinline__ float gate1(const kp &p, float x, const float 
   if (dt_bias) x += dt_bias[h * p.K + d];
   return p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
 }
+/* gate1's on four columns whose dt_bias values b (0 without one) the caller loaded ahead */
+static __device__ __forceinline__ float4 gate4b(const kp &p, float4 x, const float (&b)[4], float ea) {
+  auto g1 = [&](float v, float bb) {
+    if (p.gate_mode == 0) return v;
+    v += bb;
+    return p.gate_mode == 1 ? -ea * softplus(v) : p.lb * sigm(ea * v);
+  };
+  return make_float4(g1(x.x, b[0]), g1(x.y, b[1]), g1(x.z, b[2]), g1(x.w, b[3]));
+}
 static __device__ __forceinline__ float4 gate4(const kp &p, float4 x, const float *dt_bias, int64_t h, int64_t d,
                                                float ea) {
   return make_float4(gate1(p, x.x, dt_bias, h, d, ea), gate1(p, x.y, dt_bias, h, d + 1, ea),
@@ -227,14 +236,14 @@ static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool ta
  * in w.dW, version 2 in shared memory; acc is the sum of the rows after hi, dGn included, which
  * enters at the chunk's last row: dGn for a whole column), then the gate chain of §2.1 from the
  * log-decay back to the raw gate (g_at(r): row r's raw gate of column d, read from global memory
- * or from a staged tile). Writes dg, adds the dA_log share to *dAl, returns the rows' ddt_bias
+ * or from a staged tile; dtb: the column's dt_bias, 0 without one). Writes dg, adds the dA_log share to *dAl, returns the rows' ddt_bias
  * share. MODE: the launch's p.gate_mode as a constant (gate_chain_col, below, picks it). */
 template <int MODE, class FD, class FG>
-static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, const float *dt_bias,
+static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, float dtb,
                                         int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                         int64_t d, float acc, float ea, float *dAl) {
   int64_t K = p.K, HV = p.HV;
-  float ddt = 0, dtb = MODE && dt_bias ? dt_bias[h * K + d] : 0.f;
+  float ddt = 0;
   /* rows in batches of 8: the batch's loads are issued before its dg stores (one latency per
    * batch instead of one per row: the compiler cannot hoist a load above a possibly aliasing
    * store); the arithmetic and its order are those of the row-by-row loop */
@@ -277,12 +286,12 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, c
  * 2.658 -> 2.632 / 2.634 ms, (1,8192,16,128) 1.632 / 1.645 -> 1.625 / 1.624, graph
  * (32,512,4,64) 0.451 / 0.455 -> 0.448 / 0.450. */
 template <class FD, class FG>
-static __device__ inline float gate_chain_col(const kp &p, FD dG_at, FG g_at, const float *dt_bias,
+static __device__ inline float gate_chain_col(const kp &p, FD dG_at, FG g_at, float dtb,
                                        int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                        int64_t d, float acc, float ea, float *dAl) {
-  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g_at, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g_at, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  return gate_chain_rows<2>(p, dG_at, g_at, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  return gate_chain_rows<2>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
 }
 
 /* ---- version 1 and the decode (kernels/kda_v1.cu): kernels and their dynamic shared memory */
