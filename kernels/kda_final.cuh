@@ -799,20 +799,30 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     if (s < ns) {
       float acc = dGn[d];
       for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
-      segD[s * K16 + d] = gate_chain_col(p, dg_at, g_col(d), dtb_col(d), A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      const float ddt = gate_chain_col(p, dg_at, g_col(d), dtb_col(d), A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      if (p.gate_mode) segD[s * K16 + d] = ddt;
     }
-    __syncthreads();
-    for (int c = tid; c < K; c += BT) {
-      float t = 0;
-      for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
-      w.gpart[gp + c] = t;
+    if (p.gate_mode) {
+      __syncthreads();
+      for (int c = tid; c < K; c += BT) {
+        float t = 0;
+        for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
+        w.gpart[gp + c] = t;
+      }
     }
   } else
-    for (int c = tid; c < K; c += BT)
-      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dtb_col(c), A_log != NULL,
-                                       dg, t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
-  dAl = block_sum(dAl, red);
-  if (tid == 0) w.gpart[gp + K] = dAl;
+    for (int c = tid; c < K; c += BT) {
+      const float ddt = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dtb_col(c), A_log != NULL, dg,
+                                       t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
+      if (p.gate_mode) w.gpart[gp + c] = ddt;
+    }
+  /* the ddt_bias and dA_log partials (k_gate_reduce's): a pre-gated launch (gate_mode 0) has
+   * none (both gradients are zero there, kda_kda_cuda_backward sets them so), and skips their
+   * sums and three barriers */
+  if (p.gate_mode) {
+    dAl = block_sum(dAl, red);
+    if (tid == 0) w.gpart[gp + K] = dAl;
+  }
   PH(8);
   /* beta chain (§2.2). No global load left: dbi holds both dbeta parts (the mat kernel's,
    * staged with b, plus the R terms'), and sigm(x) of the raw beta is b itself (beta_act: b =
