@@ -236,8 +236,9 @@ static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool ta
  * in w.dW, version 2 in shared memory; acc is the sum of the rows after hi, dGn included, which
  * enters at the chunk's last row: dGn for a whole column), then the gate chain of §2.1 from the
  * log-decay back to the raw gate (g_at(r): row r's raw gate of column d, read from global memory
- * or from a staged tile; dtb: the column's dt_bias, 0 without one). Writes dg, adds the dA_log share to *dAl, returns the rows' ddt_bias
- * share. MODE: the launch's p.gate_mode as a constant (gate_chain_col, below, picks it). */
+ * or from a staged tile; dtb: the column's dt_bias, 0 without one). Writes dg, adds the dA_log
+ * share to *dAl, returns the rows' ddt_bias share. MODE: the launch's p.gate_mode as a constant
+ * (gate_chain_col, below, picks it). */
 template <int MODE, class FD, class FG>
 static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, float dtb,
                                         int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
