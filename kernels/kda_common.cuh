@@ -155,15 +155,6 @@ static __device__ __forceinline__ float gate1(const kp &p, float x, const float 
   if (dt_bias) x += dt_bias[h * p.K + d];
   return p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
 }
-/* gate1's on four columns whose dt_bias values b (0 without one) the caller loaded ahead */
-static __device__ __forceinline__ float4 gate4b(const kp &p, float4 x, const float (&b)[4], float ea) {
-  auto g1 = [&](float v, float bb) {
-    if (p.gate_mode == 0) return v;
-    v += bb;
-    return p.gate_mode == 1 ? -ea * softplus(v) : p.lb * sigm(ea * v);
-  };
-  return make_float4(g1(x.x, b[0]), g1(x.y, b[1]), g1(x.z, b[2]), g1(x.w, b[3]));
-}
 static __device__ __forceinline__ float4 gate4(const kp &p, float4 x, const float *dt_bias, int64_t h, int64_t d,
                                                float ea) {
   return make_float4(gate1(p, x.x, dt_bias, h, d, ea), gate1(p, x.y, dt_bias, h, d + 1, ea),

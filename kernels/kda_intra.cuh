@@ -90,9 +90,6 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
   static_assert(!RAW || RW * (NTC / LW) >= 64, "RAW: one pass (k_fwd_flow_ps: 512 threads, C = 64)");
   const float braw = RAW ? raw.beta : rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
   const float alog = ri.A_log ? ri.A_log[h] : 0.f;   /* its e^x where the gate needs it, after the loads */
-  float dtb[4] = {};                               /* this thread's dt_bias columns, loaded with the rows */
-  if (p.gate_mode && ri.dt_bias)
-    for (int u = 0; u < 4; u++) dtb[u] = d + u < K ? ri.dt_bias[h * K + d + u] : 0.f;
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
     /* every load of the pass in flight together: q, k, g as loaded (ld4r), converted below;
@@ -152,7 +149,7 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
         const int r = r0 + u * ng + grp;
         if (r < n && d < K) {
           float4 *x = (float4 *)(Gs + r * KS + d);
-          *x = gate4b(p, *x, dtb, ea);
+          *x = gate4(p, *x, ri.dt_bias, h, d, ea);
         }
       }
     }

@@ -813,9 +813,11 @@ static void all_cases() {
   }
   run_case("K=V=128 T=300 H=4, layer flags (softplus gate, l2, sigmoid)",
            {1, 300, 4, 4, 128, 128, 64, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, {}});
-  /* the final kernel stages the chain's A_log and dt_bias at the compiled K: zero-filled when NULL */
-  run_case("K=V=128 softplus gate, no A_log, dt_bias", {1, 200, 2, 2, 128, 128, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}, 1});
-  run_case("K=V=64 lower-bound gate, no A_log, dt_bias", {2, 150, 2, 2, 64, 64, 64, 2, 1, 1, 0, 0, 0, -3, 1, 0, 0, {}, 1});
+  /* the final kernel stages the chain's A_log and dt_bias at the compiled K, zero-filled when NULL
+   * (the softplus gate needs A_log; the lower-bound one takes neither). Seeded: the cases after it
+   * draw what they drew before it was added */
+  run_case("K=V=64 lower-bound gate, no A_log, dt_bias", {2, 150, 2, 2, 64, 64, 64, 2, 1, 1, 0, 0, 0, -3, 1, 0, 0, {}, 1},
+           0x5eed68);
   run_case("K=V=128 chunk 32", {1, 200, 2, 2, 128, 128, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=V=64 chunk 16", {1, 100, 1, 1, 64, 64, 16, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 (non-power-of-2)", {2, 130, 1, 1, 100, 60, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
