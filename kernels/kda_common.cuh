@@ -226,14 +226,16 @@ static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool ta
  * the reverse cumsum of dG continued from acc (dG_at(r): row r of column d; version 1 holds it
  * in w.dW, version 2 in shared memory; acc is the sum of the rows after hi, dGn included, which
  * enters at the chunk's last row: dGn for a whole column), then the gate chain of §2.1 from the
- * log-decay back to the raw gate. Writes dg, adds the dA_log share to *dAl, returns the rows'
- * ddt_bias share. MODE: the launch's p.gate_mode as a constant (gate_chain_col, below, picks it). */
-template <int MODE, class FD>
-static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, const void *g, const float *dt_bias,
+ * log-decay back to the raw gate (g_at(r): row r's raw gate of column d, read from global memory
+ * or from a staged tile; dtb: the column's dt_bias, 0 without one). Writes dg, adds the dA_log
+ * share to *dAl, returns the rows' ddt_bias share. MODE: the launch's p.gate_mode as a constant
+ * (gate_chain_col, below, picks it). */
+template <int MODE, class FD, class FG>
+static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, float dtb,
                                         int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                         int64_t d, float acc, float ea, float *dAl) {
   int64_t K = p.K, HV = p.HV;
-  float ddt = 0, dtb = MODE && dt_bias ? dt_bias[h * K + d] : 0.f;
+  float ddt = 0;
   /* rows in batches of 8: the batch's loads are issued before its dg stores (one latency per
    * batch instead of one per row: the compiler cannot hoist a load above a possibly aliasing
    * store); the arithmetic and its order are those of the row-by-row loop */
@@ -241,9 +243,8 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, const void
     float dw[8], gx[8];
 #pragma unroll
     for (int u = 0; u < 8; u++) {
-      int64_t ir = ((t0 + r0 - u) * HV + h) * K + d;
       dw[u] = r0 - u >= lo ? dG_at(r0 - u) : 0.f;
-      gx[u] = r0 - u >= lo && MODE ? ldb(g, ir) : 0.f;
+      gx[u] = r0 - u >= lo && MODE ? g_at(r0 - u) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < 8; u++) {
@@ -276,13 +277,13 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, const void
  * 5.3k -> 4.0k cycles a block (the kernel 44.6k -> 43.3k), fwd+bwd (8,2048,16,128) 2.646 /
  * 2.658 -> 2.632 / 2.634 ms, (1,8192,16,128) 1.632 / 1.645 -> 1.625 / 1.624, graph
  * (32,512,4,64) 0.451 / 0.455 -> 0.448 / 0.450. */
-template <class FD>
-static __device__ inline float gate_chain_col(const kp &p, FD dG_at, const void *g, const float *dt_bias,
+template <class FD, class FG>
+static __device__ inline float gate_chain_col(const kp &p, FD dG_at, FG g_at, float dtb,
                                        int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                        int64_t d, float acc, float ea, float *dAl) {
-  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  return gate_chain_rows<2>(p, dG_at, g, dt_bias, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  return gate_chain_rows<2>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
 }
 
 /* ---- version 1 and the decode (kernels/kda_v1.cu): kernels and their dynamic shared memory */

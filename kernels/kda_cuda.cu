@@ -1085,9 +1085,12 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     k_bwd_final<<<gc1, 128, sm, st>>>(p, g, beta, A_log, dt_bias, dg, dbeta, dA_log, ddt_bias, w);
     LAUNCH_OK("k_bwd_final", "kda_kda_cuda_backward");
   }
-  if (dA_log || ddt_bias) {                        /* per-chunk partials, summed in chunk order */
+  if ((dA_log || ddt_bias) && a->gate_mode) {      /* per-chunk partials, summed in chunk order */
     k_gate_reduce<<<(unsigned)a->HV, 128, 0, st>>>(p, w, n_seq(a), dA_log, ddt_bias);
     LAUNCH_OK("k_gate_reduce", "kda_kda_cuda_backward");
+  } else {                                         /* pre-gated: the gate has no parameters, zero gradients */
+    if (dA_log) CUDA_OK(cudaMemsetAsync(dA_log, 0, (size_t)a->HV * 4, st), "kda_kda_cuda_backward");
+    if (ddt_bias) CUDA_OK(cudaMemsetAsync(ddt_bias, 0, (size_t)(a->HV * a->K) * 4, st), "kda_kda_cuda_backward");
   }
   if (!qk_final) {
     unsigned nbq = (unsigned)((a->B * a->T * a->H + 7) / 8);

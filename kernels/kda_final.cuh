@@ -612,6 +612,25 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   }
   __syncthreads();
   int lane = tid & 31, wp = tid >> 5;
+  /* The gate chain's inputs land while the R terms run, where the chain read them from global
+   * memory (its A_log and dt_bias loads, then a load latency each batch of eight g rows): the
+   * raw g rows (bf16 [C][KV], 16-byte copies) and the head's dt_bias row (gx) in X's rows C ..
+   * C + 31 (free from here: the R terms read X's rows < n only; 32 XS >= 32 (KV + 4) floats
+   * hold the C KV / 2 + KV at C = 64), A_log in red[31] (block_sum, after the chain, uses red[0 ..
+   * BT / 32)). Zero-filled copies where a pointer is NULL (their source then w.gpart's). */
+  float *gx = X + C * XS + C * KV / 2;             /* dt_bias [KV]: after the g tile */
+  static_assert(NTC / 32 < 32, "red[31] holds A_log (the compiled K: NTC or 256 threads, kv_fix)");
+  if constexpr (KV > 0)
+    if (p.gate_mode) {
+      if (al16(g))
+        for (int e = tid; e < KV * 8; e += BT) {   /* C = 64 rows of KV / 8 16-byte chunks */
+          const int r = e / (KV / 8), c = (e % (KV / 8)) * 8;
+          const bool ok = r < n;
+          cp_async16((sbf *)(X + C * XS) + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
+        }
+      if (tid < KV) cp_async4(gx + tid, dt_bias ? dt_bias + h * K + tid : w.gpart, dt_bias);
+      if (tid == KV) cp_async4(red + 31, A_log ? A_log + h : w.gpart, A_log);
+    }
   /* R terms with Kb's own gradient: R' = R + dKb e^G (the diagonal phase folded it in), and Kb =
    * b k e^G gives dk += b e^G dKb, dG += b k e^G dKb, dbeta += k e^G . dKb, so dk += b R',
    * dG += k b R', dbeta += k . R' (k_bwd_mat_tc's dbeta has the rest).
@@ -746,6 +765,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
   }
+  if (KV > 0 && p.gate_mode) cp_async_wait_all();  /* the chain's g rows */
   __syncthreads();
   PH(7);
   /* reverse cumsum + gate chain (§2.1), a column's rows in ns segments of L, a thread each
@@ -754,10 +774,19 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * from dGn plus the later segments' totals; ddt_bias partials summed in segment order.
    * X is free here. H200, one run: fwd+bwd (8,2048,16,128) 5.04 -> 5.00 ms, (1,8192,16,128)
    * 3.111 -> 3.089, precise 9.41 -> 9.36 */
-  float ea = A_log ? expf(A_log[h]) : 1.f, dAl = 0;
+  float ea = A_log ? expf(KV > 0 && p.gate_mode ? red[31] : A_log[h]) : 1.f, dAl = 0;
   const int64_t gp = ((int64_t)cb * HV + h) * (K + 1);
   const int ns = BT / (int)K < 8 ? BT / (int)K : 8, L = (n + ns - 1) / ns, d = tid % (int)K, s = tid / (int)K;
   auto dg_at = [&](int r) { return dGs[T(r, d)]; };
+  const bool gst = KV > 0 && al16(g);              /* (read only where p.gate_mode) */
+  auto dtb_col = [&](int c) {                      /* column c's dt_bias (only where p.gate_mode) */
+    return KV > 0 ? gx[c] : dt_bias ? dt_bias[h * K + c] : 0.f;
+  };
+  auto g_col = [&](int c) {                        /* column c's raw gate rows, staged or global */
+    return [&, c](int r) {
+      return gst ? __bfloat162float(((const sbf *)(X + C * XS))[r * KV + c]) : ldb(g, ((t0 + r) * HV + h) * K + c);
+    };
+  };
   if (ns >= 2) {
     float *segT = X, *segD = X + ns * K16;            /* [ns][K16] totals, ddt_bias partials */
     const int lo = s * L, hi = (s + 1) * L < n ? (s + 1) * L - 1 : n - 1;
@@ -770,20 +799,30 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     if (s < ns) {
       float acc = dGn[d];
       for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
-      segD[s * K16 + d] = gate_chain_col(p, dg_at, g, dt_bias, A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      const float ddt = gate_chain_col(p, dg_at, g_col(d), dtb_col(d), A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      if (p.gate_mode) segD[s * K16 + d] = ddt;
     }
-    __syncthreads();
-    for (int c = tid; c < K; c += BT) {
-      float t = 0;
-      for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
-      w.gpart[gp + c] = t;
+    if (p.gate_mode) {
+      __syncthreads();
+      for (int c = tid; c < K; c += BT) {
+        float t = 0;
+        for (int s2 = 0; s2 < ns; s2++) t += segD[s2 * K16 + c];
+        w.gpart[gp + c] = t;
+      }
     }
   } else
-    for (int c = tid; c < K; c += BT)
-      w.gpart[gp + c] = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g, dt_bias, A_log != NULL, dg, t0,
-                                       h, 0, n - 1, c, dGn[c], ea, &dAl);
-  dAl = block_sum(dAl, red);
-  if (tid == 0) w.gpart[gp + K] = dAl;
+    for (int c = tid; c < K; c += BT) {
+      const float ddt = gate_chain_col(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dtb_col(c), A_log != NULL, dg,
+                                       t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
+      if (p.gate_mode) w.gpart[gp + c] = ddt;
+    }
+  /* the ddt_bias and dA_log partials (k_gate_reduce's): a pre-gated launch (gate_mode 0) has
+   * none (both gradients are zero there, kda_kda_cuda_backward sets them so), and skips their
+   * sums and three barriers */
+  if (p.gate_mode) {
+    dAl = block_sum(dAl, red);
+    if (tid == 0) w.gpart[gp + K] = dAl;
+  }
   PH(8);
   /* beta chain (§2.2). No global load left: dbi holds both dbeta parts (the mat kernel's,
    * staged with b, plus the R terms'), and sigm(x) of the raw beta is b itself (beta_act: b =

@@ -198,6 +198,7 @@ struct spec {
   int chunk, gate_mode, beta_mode, l2, h0, dht;
   float scale, lb, gscale, mask_p, beta_const;
   std::vector<int32_t> cu;
+  int bare;         /* a parameterised gate without A_log and dt_bias (both NULL) */
 };
 
 struct prob {
@@ -238,7 +239,7 @@ static void make(prob &p, const spec &s) {
       p.g[i] = urand() < s.mask_p ? -1000.f : bf((float)(-log1p(exp(-x)) * s.gscale));
     else p.g[i] = bf((float)x);
   }
-  if (s.gate_mode) {
+  if (s.gate_mode && !s.bare) {
     p.A_log.resize(a.HV), p.dt_bias.resize(a.HV * a.K);
     for (auto &x : p.A_log) x = (float)log(1 + 15 * urand());
     for (auto &x : p.dt_bias) x = (float)(0.5 * randn());
@@ -812,6 +813,11 @@ static void all_cases() {
   }
   run_case("K=V=128 T=300 H=4, layer flags (softplus gate, l2, sigmoid)",
            {1, 300, 4, 4, 128, 128, 64, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, {}});
+  /* the final kernel stages the chain's A_log and dt_bias at the compiled K, zero-filled when NULL
+   * (the softplus gate needs A_log; the lower-bound one takes neither). Seeded: the cases after it
+   * draw what they drew before it was added */
+  run_case("K=V=64 lower-bound gate, no A_log, dt_bias", {2, 150, 2, 2, 64, 64, 64, 2, 1, 1, 0, 0, 0, -3, 1, 0, 0, {}, 1},
+           0x5eed68);
   run_case("K=V=128 chunk 32", {1, 200, 2, 2, 128, 128, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=V=64 chunk 16", {1, 100, 1, 1, 64, 64, 16, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 (non-power-of-2)", {2, 130, 1, 1, 100, 60, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
