@@ -617,7 +617,10 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * raw g rows (bf16 [C][KV], 16-byte copies) and the head's dt_bias row (gx) in X's rows C ..
    * C + 31 (free from here: the R terms read X's rows < n only; 32 XS >= 32 (KV + 4) floats
    * hold the C KV / 2 + KV at C = 64), A_log in red[31] (block_sum, after the chain, uses red[0 ..
-   * BT / 32)). Zero-filled copies where a pointer is NULL (their source then w.gpart's). */
+   * BT / 32)). Zero-filled copies where a pointer is NULL (their source then w.gpart's). H100,
+   * one run, two rounds (2026-12-07s68a), with a steep softplus gate (kda_bench KDA_BENCH_GATE=2)
+   * at (8,2048,16,128): k_bwd_final_wg 1187.5 -> 1135.3 us (ncu), fwd+bwd 2.792 / 2.806 -> 2.718
+   * / 2.771 ms; graph (32,512,4,64) 0.476 / 0.477 -> 0.473 / 0.473, (8,512,4,64) 0.146 -> 0.144 */
   float *gx = X + C * XS + C * KV / 2;             /* dt_bias [KV]: after the g tile */
   static_assert(NTC / 32 < 32, "red[31] holds A_log (the compiled K: NTC or 256 threads, kv_fix)");
   if constexpr (KV > 0)
@@ -765,7 +768,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
   }
-  if (KV > 0 && p.gate_mode) cp_async_wait_all();  /* the chain's g rows */
+  if (KV > 0 && p.gate_mode) cp_async_wait_all();  /* the chain's staged inputs */
   __syncthreads();
   PH(7);
   /* reverse cumsum + gate chain (§2.1), a column's rows in ns segments of L, a thread each
@@ -818,7 +821,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
   /* the ddt_bias and dA_log partials (k_gate_reduce's): a pre-gated launch (gate_mode 0) has
    * none (both gradients are zero there, kda_kda_cuda_backward sets them so), and skips their
-   * sums and three barriers */
+   * sums and three barriers: k_bwd_final_wg 738.6 -> 722.9 us at (8,2048,16,128) (ncu, H100,
+   * s68a, with the staging above) */
   if (p.gate_mode) {
     dAl = block_sum(dAl, red);
     if (tid == 0) w.gpart[gp + K] = dAl;
