@@ -259,8 +259,8 @@ __global__ void k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_b
   for (int64_t d = threadIdx.x; d <= K; d += blockDim.x) {
     double s = 0;                                  /* double: N/C partials of mixed sign */
     for (int ci = 0; ci < nch; ci++) s += (double)w.gpart[((int64_t)ci * HV + h) * (K + 1) + d];
-    if (d < K) { if (ddt_bias) ddt_bias[h * K + d] = p.gate_mode ? (float)s : 0.f; }
-    else if (dA_log) dA_log[h] = p.gate_mode ? (float)s : 0.f;
+    if (d < K) { if (ddt_bias) ddt_bias[h * K + d] = (float)s; }   /* (gate modes 1, 2 only: the host zeroes mode 0's) */
+    else if (dA_log) dA_log[h] = (float)s;
   }
 }
 

@@ -621,6 +621,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
    * one run, two rounds (2026-12-07s68a), with a steep softplus gate (kda_bench KDA_BENCH_GATE=2)
    * at (8,2048,16,128): k_bwd_final_wg 1187.5 -> 1135.3 us (ncu), fwd+bwd 2.792 / 2.806 -> 2.718
    * / 2.771 ms; graph (32,512,4,64) 0.476 / 0.477 -> 0.473 / 0.473, (8,512,4,64) 0.146 -> 0.144 */
+  auto gtile = [&] { return (sbf *)(X + C * XS); };   /* the g rows [C][KV] */
   float *gx = X + C * XS + C * KV / 2;             /* dt_bias [KV]: after the g tile */
   static_assert(NTC / 32 < 32, "red[31] holds A_log (the compiled K: NTC or 256 threads, kv_fix)");
   if constexpr (KV > 0)
@@ -629,7 +630,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
         for (int e = tid; e < KV * 8; e += BT) {   /* C = 64 rows of KV / 8 16-byte chunks */
           const int r = e / (KV / 8), c = (e % (KV / 8)) * 8;
           const bool ok = r < n;
-          cp_async16((sbf *)(X + C * XS) + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
+          cp_async16(gtile() + r * KV + c, (const sbf *)g + (ok ? ((t0 + r) * HV + h) * K + c : 0), ok);
         }
       if (tid < KV) cp_async4(gx + tid, dt_bias ? dt_bias + h * K + tid : w.gpart, dt_bias);
       if (tid == KV) cp_async4(red + 31, A_log ? A_log + h : w.gpart, A_log);
@@ -783,11 +784,11 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   auto dg_at = [&](int r) { return dGs[T(r, d)]; };
   const bool gst = KV > 0 && al16(g);              /* (read only where p.gate_mode) */
   auto dtb_col = [&](int c) {                      /* column c's dt_bias (only where p.gate_mode) */
-    return KV > 0 ? gx[c] : dt_bias ? dt_bias[h * K + c] : 0.f;
+    return KV > 0 ? gx[c] : p.gate_mode && dt_bias ? dt_bias[h * K + c] : 0.f;
   };
   auto g_col = [&](int c) {                        /* column c's raw gate rows, staged or global */
     return [&, c](int r) {
-      return gst ? __bfloat162float(((const sbf *)(X + C * XS))[r * KV + c]) : ldb(g, ((t0 + r) * HV + h) * K + c);
+      return gst ? __bfloat162float(gtile()[r * KV + c]) : ldb(g, ((t0 + r) * HV + h) * K + c);
     };
   };
   if (ns >= 2) {
