@@ -29,8 +29,32 @@ static __device__ __forceinline__ float ldb(const void *p, int64_t i) {
 static __device__ __forceinline__ void stb(void *p, int64_t i, float x) {
   ((bf16 *)p)[i] = __float2bfloat16(x);
 }
-static __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
-static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+/* The gates' sigmoid and softplus (§2.1, §2.2) from one exponential, e = e^{-|x|} in (0, 1]:
+ *   sigm(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below (never e^{+|x|}: no overflow),
+ *   softplus(x) = max(x, 0) + log1p(e),
+ * log1p(e) = 2 atanh(z) = 2 (z + z^3/3 + z^5/5 + ...), z = e / (2 + e) <= 1/3: the terms to z^13
+ * leave < 1e-8 (2 z^15 / 15 at z = 1/3), fused multiply-adds only. e by ex2.approx (__expf), the
+ * quotients by MUFU.RCP (__fdividef): a few ulps, far inside the bf16 tensors these feed. Why: the
+ * IEEE forms (expf, log1pf, a division with its slow-path branch: ~50 instructions a softplus,
+ * each element of a gated chunk's g in the forward's front and in the backward's gate chain) */
+static __device__ __forceinline__ float log1p_unit(float e) {   /* log(1 + e), e in [0, 1] */
+  const float z = __fdividef(e, 2.f + e), z2 = z * z;
+  float s = 2.f / 13.f;
+  s = fmaf(s, z2, 2.f / 11.f), s = fmaf(s, z2, 2.f / 9.f), s = fmaf(s, z2, 2.f / 7.f);
+  s = fmaf(s, z2, 2.f / 5.f), s = fmaf(s, z2, 2.f / 3.f), s = fmaf(s, z2, 2.f);
+  return s * z;
+}
+/* both of x's at once (the softplus gate's backward reads both) */
+static __device__ __forceinline__ void sigm_softplus(float x, float *sg, float *sp) {
+  const float e = __expf(-fabsf(x)), r = __fdividef(1.f, 1.f + e);
+  *sg = x >= 0.f ? r : e * r;
+  *sp = fmaxf(x, 0.f) + log1p_unit(e);
+}
+static __device__ __forceinline__ float sigm(float x) {
+  const float e = __expf(-fabsf(x)), r = __fdividef(1.f, 1.f + e);
+  return x >= 0.f ? r : e * r;
+}
+static __device__ __forceinline__ float softplus(float x) { return fmaxf(x, 0.f) + log1p_unit(__expf(-fabsf(x))); }
 
 /* sum of v over the block (blockDim a multiple of 32, <= 1024); red has 32 floats */
 static __device__ inline float block_sum(float v, float *red) {
@@ -256,7 +280,11 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, f
       if constexpr (MODE == 0) dx = dy;
       else {
         float x = gx[u] + dtb;
-        if constexpr (MODE == 1) dx = dy * -ea * sigm(x), *dAl += dy * -ea * softplus(x);
+        if constexpr (MODE == 1) {
+          float sg, sp;
+          sigm_softplus(x, &sg, &sp);
+          dx = dy * -ea * sg, *dAl += dy * -ea * sp;
+        }
         else {
           float s = sigm(ea * x);
           dx = dy * p.lb * s * (1 - s) * ea;
