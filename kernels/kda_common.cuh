@@ -36,15 +36,15 @@ static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x 
  *   softplus(x) = max(x, 0) + log1p(e),
  * log1p(e) = 2 atanh(z) = 2 (z + z^3/3 + z^5/5 + ...), z = e / (2 + e) <= 1/3: the terms to z^13
  * leave < 1e-8 (2 z^15 / 15 at z = 1/3), fused multiply-adds only. e by ex2.approx (__expf), the
- * quotients by MUFU.RCP (__fdividef): relative error < 3e-6 (a CPU check over x in [-90, 90]),
- * far inside the bf16 dg they feed. Why: the IEEE forms above (expf, log1pf, a division with its
+ * quotients by MUFU.RCP (__fdividef): relative error < 3e-6 with an exact e (a CPU check over x
+ * in [-90, 90]; __expf adds ~|x| ulps of e), far inside the bf16 dg they feed. Why: the IEEE forms above (expf, log1pf, a division with its
  * slow-path branch) made a softplus-gated chain row ~5x a pre-gated one. H200, one run, three
- * rounds, the trainer's gate at its init (kda_bench KDA_BENCH_GATE=1, 2026-12-07s69c), with both
- * forms in the forward's gate too: the chain 10.0k -> 6.8k cycles a block (k_bwd_final_wg 44.5k ->
- * 40.6k with k_gate_reduce's change beside it), fwd+bwd (8,2048,16,128) 2.332-2.351 -> 2.265-2.268
- * ms. The forward keeps the IEEE forms: there the fast ones gained 1% with the gate and cost
- * k_intra_tc's pre-gated form 1.7% by its code's layout alone (fwd (8,2048,16,128) 0.686-0.697 ->
- * 0.699-0.709 ms, its gate loop not run) */
+ * rounds, the trainer's gate at its init (kda_bench KDA_BENCH_GATE=1, 2026-12-07s69c; the build
+ * had the fast forms in the forward's gate too, its backward kernels' SASS this one's): the chain
+ * 10.0k -> 6.8k cycles a block, fwd+bwd (8,2048,16,128) 2.332-2.351 -> 2.265-2.268 ms (the
+ * forward's share ~7 us), graph (32,512,4,64) 0.437-0.438 -> 0.420-0.422. The forward keeps the
+ * IEEE forms: there the fast ones cost k_intra_tc's pre-gated form 1.7% by its code's layout
+ * alone (fwd (8,2048,16,128) 0.686-0.697 -> 0.699-0.709 ms, its gate loop not run) */
 static __device__ __forceinline__ float log1p_unit(float e) {   /* log(1 + e), e in [0, 1] */
   const float z = __fdividef(e, 2.f + e), z2 = z * z;
   float s = 2.f / 13.f;
