@@ -31,20 +31,24 @@ static __device__ __forceinline__ void stb(void *p, int64_t i, float x) {
 }
 static __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + expf(-x)); }
 static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
-/* The backward gate chain's sigmoid and softplus (§2.1), from one exponential e = e^{-|x|} in (0, 1]:
+/* The fast backward gate chain's sigmoid and softplus (§2.1), from one exponential
+ * e = e^{-|x|} in (0, 1]:
  *   sigm(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below (never e^{+|x|}: no overflow),
  *   softplus(x) = max(x, 0) + log1p(e),
  * log1p(e) = 2 atanh(z) = 2 (z + z^3/3 + z^5/5 + ...), z = e / (2 + e) <= 1/3: the terms to z^13
  * leave < 1e-8 (2 z^15 / 15 at z = 1/3), fused multiply-adds only. e by ex2.approx (__expf), the
  * quotients by MUFU.RCP (__fdividef): relative error < 3e-6 with an exact e (a CPU check over x
- * in [-90, 90]; __expf adds ~|x| ulps of e), far inside the bf16 dg they feed. Why: the IEEE forms above (expf, log1pf, a division with its
- * slow-path branch) made a softplus-gated chain row ~5x a pre-gated one. H200, one run, three
- * rounds, the trainer's gate at its init (kda_bench KDA_BENCH_GATE=1, 2026-12-07s69c; the build
- * had the fast forms in the forward's gate too, its backward kernels' SASS this one's): the chain
- * 10.0k -> 6.8k cycles a block, fwd+bwd (8,2048,16,128) 2.332-2.351 -> 2.265-2.268 ms (the
- * forward's share ~7 us), graph (32,512,4,64) 0.437-0.438 -> 0.420-0.422. The forward keeps the
- * IEEE forms: there the fast ones cost k_intra_tc's pre-gated form 1.7% by its code's layout
- * alone (fwd (8,2048,16,128) 0.686-0.697 -> 0.699-0.709 ms, its gate loop not run) */
+ * in [-90, 90]; __expf adds ~|x| ulps of e), far inside the bf16 dg they feed. Why: the IEEE
+ * forms above (expf, log1pf, a division with its slow-path branch) made a softplus-gated chain
+ * row ~5x a pre-gated one. H200, one run, three rounds, the trainer's gate at its init
+ * (kda_bench KDA_BENCH_GATE=1, 2026-12-07s69c; the build had the fast forms in the forward's
+ * gate too, its fast backward kernels' SASS this one's): the chain 10.0k -> 6.8k cycles a
+ * block, fwd+bwd (8,2048,16,128) 2.332-2.351 -> 2.265-2.268 ms (the forward's share ~7 us),
+ * graph (32,512,4,64) 0.437-0.438 -> 0.420-0.422. The precise backward and version 1 keep the
+ * IEEE forms (the fast ones doubled some of the precise dA_log errors in that run's test, e.g.
+ * 2.3e-4 -> 5.3e-4 on "K=V=128 T=300 H=4, layer flags, precise_gate"), and so does the forward:
+ * there the fast ones cost k_intra_tc's pre-gated form 1.7% by its code's layout alone (fwd
+ * (8,2048,16,128) 0.686-0.697 -> 0.699-0.709 ms, its gate loop not run) */
 static __device__ __forceinline__ float log1p_unit(float e) {   /* log(1 + e), e in [0, 1] */
   const float z = __fdividef(e, 2.f + e), z2 = z * z;
   float s = 2.f / 13.f;
@@ -260,8 +264,9 @@ static __device__ inline void chunk_of(const kp &p, const ws &w, int cb, bool ta
  * log-decay back to the raw gate (g_at(r): row r's raw gate of column d, read from global memory
  * or from a staged tile; dtb: the column's dt_bias, 0 without one). Writes dg, adds the dA_log
  * share to *dAl, returns the rows' ddt_bias share. MODE: the launch's p.gate_mode as a constant
- * (gate_chain_col, below, picks it). */
-template <int MODE, class FD, class FG>
+ * (gate_chain_col, below, picks it); FAST: the fast backward's sigmoid and softplus (above), else
+ * the IEEE ones (the precise backward, version 1). */
+template <int MODE, bool FAST, class FD, class FG>
 static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, float dtb,
                                         int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                         int64_t d, float acc, float ea, float *dAl) {
@@ -289,11 +294,12 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, f
         float x = gx[u] + dtb;
         if constexpr (MODE == 1) {
           float sg, sp;
-          sigm_softplus_fast(x, &sg, &sp);
+          if constexpr (FAST) sigm_softplus_fast(x, &sg, &sp);
+          else sg = sigm(x), sp = softplus(x);
           dx = dy * -ea * sg, *dAl += dy * -ea * sp;
         }
         else {
-          float s = sigm_fast(ea * x);
+          float s = FAST ? sigm_fast(ea * x) : sigm(ea * x);
           dx = dy * p.lb * s * (1 - s) * ea;
           if (has_A_log) *dAl += dx * x;
         }
@@ -312,13 +318,14 @@ static __device__ inline float gate_chain_rows(const kp &p, FD dG_at, FG g_at, f
  * 5.3k -> 4.0k cycles a block (the kernel 44.6k -> 43.3k), fwd+bwd (8,2048,16,128) 2.646 /
  * 2.658 -> 2.632 / 2.634 ms, (1,8192,16,128) 1.632 / 1.645 -> 1.625 / 1.624, graph
  * (32,512,4,64) 0.451 / 0.455 -> 0.448 / 0.450. */
-template <class FD, class FG>
+template <bool FAST, class FD, class FG>
 static __device__ inline float gate_chain_col(const kp &p, FD dG_at, FG g_at, float dtb,
                                        int has_A_log, void *dg, int64_t t0, int64_t h, int lo, int hi,
                                        int64_t d, float acc, float ea, float *dAl) {
-  if (p.gate_mode == 0) return gate_chain_rows<0>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  if (p.gate_mode == 1) return gate_chain_rows<1>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
-  return gate_chain_rows<2>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  const int m = p.gate_mode;
+  if (m == 0) return gate_chain_rows<0, FAST>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  if (m == 1) return gate_chain_rows<1, FAST>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
+  return gate_chain_rows<2, FAST>(p, dG_at, g_at, dtb, has_A_log, dg, t0, h, lo, hi, d, acc, ea, dAl);
 }
 
 /* ---- version 1 and the decode (kernels/kda_v1.cu): kernels and their dynamic shared memory */
