@@ -818,6 +818,12 @@ static void all_cases() {
    * draw what they drew before it was added */
   run_case("K=V=64 lower-bound gate, no A_log, dt_bias", {2, 150, 2, 2, 64, 64, 64, 2, 1, 1, 0, 0, 0, -3, 1, 0, 0, {}, 1},
            0x5eed68);
+  /* k_gate_reduce's warps take 8 chunks each, 256 a pass: past 256 chunks each warp loops, as
+   * at the bench shapes (256 to 4096 chunks), where the other cases have far fewer. Seeded as
+   * the case above; the precise backward, whose dA_log (a sum over 16896 tokens) is held to 0.05
+   * where the fast one's cancellation could reach its 0.25 bar */
+  run_case("softplus gate, 264 chunks (k_gate_reduce past one pass), precise_gate",
+           {33, 512, 1, 1, 32, 32, 64, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, {}}, 0x5eed69, 0, 1);
   run_case("K=V=128 chunk 32", {1, 200, 2, 2, 128, 128, 32, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=V=64 chunk 16", {1, 100, 1, 1, 64, 64, 16, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, {}});
   run_case("K=100 V=60 (non-power-of-2)", {2, 130, 1, 1, 100, 60, 64, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, {}});
