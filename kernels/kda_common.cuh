@@ -56,14 +56,15 @@ static __device__ __forceinline__ float log1p_unit(float e) {   /* log(1 + e), e
   s = fmaf(s, z2, 2.f / 5.f), s = fmaf(s, z2, 2.f / 3.f), s = fmaf(s, z2, 2.f);
   return s * z;
 }
-static __device__ __forceinline__ float sigm_fast(float x) {
-  const float e = __expf(-fabsf(x)), r = __fdividef(1.f, 1.f + e);
+static __device__ __forceinline__ float sigm_of_e(float x, float e) {   /* e = e^{-|x|} */
+  const float r = __fdividef(1.f, 1.f + e);
   return x >= 0.f ? r : e * r;
 }
+static __device__ __forceinline__ float sigm_fast(float x) { return sigm_of_e(x, __expf(-fabsf(x))); }
 /* both at once (the softplus gate's chain reads both) */
 static __device__ __forceinline__ void sigm_softplus_fast(float x, float *sg, float *sp) {
-  const float e = __expf(-fabsf(x)), r = __fdividef(1.f, 1.f + e);
-  *sg = x >= 0.f ? r : e * r;
+  const float e = __expf(-fabsf(x));
+  *sg = sigm_of_e(x, e);
   *sp = fmaxf(x, 0.f) + log1p_unit(e);
 }
 

@@ -259,9 +259,11 @@ __global__ void k_qk_bwd4(kp p, const void *q, const void *k, void *dq, void *dk
  * a fixed order, so deterministic (not chunk order: the last bits differ from the serial sum's).
  * Why: one block a head summing every chunk in turn was a chain of dependent loads on HV blocks,
  * 27.5 us at (8,2048,16,128) and 19.1 at (32,512,4,64) (ncu, H100, s69a), 1.1% and 4% of a gated
- * fwd+bwd */
+ * fwd+bwd; this form 5.2 and 4.9 us (ncu, H200, s69c: another card, the old form not timed there;
+ * the partials at (8,2048,16,128) are 34 MB: ~7 us at the H200's nominal 4.8 TB/s) */
 enum { GR_WARPS = 32, GR_U = 8 };
-__global__ void __launch_bounds__(GR_WARPS * 32) k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_bias) {
+__global__ void __launch_bounds__(GR_WARPS * 32)
+k_gate_reduce(kp p, ws w, int64_t N, float *dA_log, float *ddt_bias) {
   __shared__ double part[GR_WARPS][32];
   const int64_t h = blockIdx.x, K = p.K, HV = p.HV;
   const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nch = w.sfirst[N];
@@ -271,7 +273,8 @@ __global__ void __launch_bounds__(GR_WARPS * 32) k_gate_reduce(kp p, ws w, int64
     for (int c0 = wp * GR_U; c0 < nch; c0 += GR_WARPS * GR_U) {
       float x[GR_U];
 #pragma unroll
-      for (int u = 0; u < GR_U; u++) x[u] = c0 + u < nch ? w.gpart[((int64_t)(c0 + u) * HV + h) * (K + 1) + d] : 0.f;
+      for (int u = 0; u < GR_U; u++)
+        x[u] = c0 + u < nch ? w.gpart[((int64_t)(c0 + u) * HV + h) * (K + 1) + d] : 0.f;
 #pragma unroll
       for (int u = 0; u < GR_U; u++) s += (double)x[u];
     }

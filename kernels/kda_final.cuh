@@ -803,7 +803,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     if (s < ns) {
       float acc = dGn[d];
       for (int s2 = ns - 1; s2 > s; s2--) acc += segT[s2 * K16 + d];
-      const float ddt = gate_chain_col<!PR>(p, dg_at, g_col(d), dtb_col(d), A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
+      const float ddt =
+          gate_chain_col<!PR>(p, dg_at, g_col(d), dtb_col(d), A_log != NULL, dg, t0, h, lo, hi, d, acc, ea, &dAl);
       if (p.gate_mode) segD[s * K16 + d] = ddt;
     }
     if (p.gate_mode) {
@@ -816,8 +817,8 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     }
   } else
     for (int c = tid; c < K; c += BT) {
-      const float ddt = gate_chain_col<!PR>(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dtb_col(c), A_log != NULL, dg,
-                                       t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
+      const float ddt = gate_chain_col<!PR>(p, [&](int r) { return dGs[T(r, c)]; }, g_col(c), dtb_col(c), A_log != NULL,
+                                            dg, t0, h, 0, n - 1, c, dGn[c], ea, &dAl);
       if (p.gate_mode) w.gpart[gp + c] = ddt;
     }
   /* the ddt_bias and dA_log partials (k_gate_reduce's): a pre-gated launch (gate_mode 0) has

@@ -359,8 +359,9 @@ __global__ void k_bwd_final(kp p, const void *g, const void *beta, const float *
     /* reverse cumsum + gate chain (§2.1); ddt_bias partials reduced by k_gate_reduce */
     w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + d] =
         gate_chain_col<false>(p, [&](int r) { return w.dW[((t0 + r) * HV + h) * K + d]; },
-                       [&](int r) { return ldb(g, ((t0 + r) * HV + h) * K + d); }, p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f,
-                       A_log != NULL, dg, t0, h, 0, n - 1, d, dGn, ea, &dAl);
+                              [&](int r) { return ldb(g, ((t0 + r) * HV + h) * K + d); },
+                              p.gate_mode && dt_bias ? dt_bias[h * K + d] : 0.f, A_log != NULL, dg, t0, h, 0, n - 1,
+                              d, dGn, ea, &dAl);
   }
   dAl = block_sum(dAl, red);
   if (tid == 0) w.gpart[((int64_t)blockIdx.x * HV + h) * (K + 1) + K] = dAl;
