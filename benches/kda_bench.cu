@@ -200,8 +200,9 @@ int main() {
       for (int64_t i = 0; i < H; i++) al[i] = logf(1.f + 15.f * (float)i / (float)H);
       for (int64_t i = 0; i < H * D; i++) {
         const float u = 0.5f + 0.5f * sinf(0.37f * (float)i);   /* in [0, 1], spread over the columns */
-        const float dt = expf(logf(1e-3f) + u * (logf(1e-1f) - logf(1e-3f)));
-        dtb[i] = model_gate == 1 ? dt + logf(-expm1f(-dt)) : 0.1f * sinf(0.37f * (float)i);   /* softplus^-1(dt) */
+        if (model_gate == 2) { dtb[i] = 0.1f * sinf(0.37f * (float)i); continue; }   /* steep: dt_bias ~ 0 */
+        const float dt = expf(logf(1e-3f) + u * (logf(1e-1f) - logf(1e-3f)));   /* log-spaced */
+        dtb[i] = dt + logf(-expm1f(-dt));          /* softplus^-1(dt) */
       }
       CK(cudaMalloc(&x.A_log, H * 4)); CK(cudaMalloc(&x.dt_bias, H * D * 4));
       CK(cudaMalloc(&x.dA_log, H * 4)); CK(cudaMalloc(&x.ddt_bias, H * D * 4));

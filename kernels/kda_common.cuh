@@ -61,6 +61,11 @@ static __device__ __forceinline__ float sigm_of_e(float x, float e) {   /* e = e
   return x >= 0.f ? r : e * r;
 }
 static __device__ __forceinline__ float sigm_fast(float x) { return sigm_of_e(x, __expf(-fabsf(x))); }
+/* (the sum rounded on its own, never contracted with log1p_unit's last product: the fronts that
+ * use it must agree bit for bit) */
+static __device__ __forceinline__ float softplus_fast(float x) {
+  return __fadd_rn(fmaxf(x, 0.f), log1p_unit(__expf(-fabsf(x))));
+}
 /* both at once (the softplus gate's chain reads both) */
 static __device__ __forceinline__ void sigm_softplus_fast(float x, float *sg, float *sp) {
   const float e = __expf(-fabsf(x));
@@ -184,17 +189,27 @@ static __device__ __forceinline__ float lane_group_sum(float v) {
 /* the l2 norm's factor from the row's sum of squares (1 without l2) */
 static __device__ __forceinline__ float l2_scale(const kp &p, float ss) { return p.l2 ? rsqrtf(ss + L2_EPS) : 1.f; }
 /* the log-decay of g's element x at value head h, column d: x itself (gate_mode 0),
- * -e^{A_log} softplus(x + dt_bias) (1) or lb sigmoid(e^{A_log} (x + dt_bias)) (2); ea = e^{A_log[h]} */
+ * -e^{A_log} softplus(x + dt_bias) (1) or lb sigmoid(e^{A_log} (x + dt_bias)) (2); ea = e^{A_log[h]}.
+ * FAST: the sigmoid and softplus from one exponential (sigm_fast, softplus_fast), the forward's
+ * fast path with a gate (fast_gate in kda_cuda.cu: k_rows, k_rows4 and k_intra_tc's gated
+ * twin, so that the fronts agree bit for bit); the IEEE forms elsewhere */
+template <bool FAST>
+static __device__ __forceinline__ float gate_of(const kp &p, float x, float ea) {
+  if (FAST) return p.gate_mode == 1 ? -ea * softplus_fast(x) : p.lb * sigm_fast(ea * x);
+  return p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
+}
+template <bool FAST = false>
 static __device__ __forceinline__ float gate1(const kp &p, float x, const float *dt_bias, int64_t h, int64_t d,
                                               float ea) {
   if (p.gate_mode == 0) return x;
   if (dt_bias) x += dt_bias[h * p.K + d];
-  return p.gate_mode == 1 ? -ea * softplus(x) : p.lb * sigm(ea * x);
+  return gate_of<FAST>(p, x, ea);
 }
+template <bool FAST = false>
 static __device__ __forceinline__ float4 gate4(const kp &p, float4 x, const float *dt_bias, int64_t h, int64_t d,
                                                float ea) {
-  return make_float4(gate1(p, x.x, dt_bias, h, d, ea), gate1(p, x.y, dt_bias, h, d + 1, ea),
-                     gate1(p, x.z, dt_bias, h, d + 2, ea), gate1(p, x.w, dt_bias, h, d + 3, ea));
+  return make_float4(gate1<FAST>(p, x.x, dt_bias, h, d, ea), gate1<FAST>(p, x.y, dt_bias, h, d + 1, ea),
+                     gate1<FAST>(p, x.z, dt_bias, h, d + 2, ea), gate1<FAST>(p, x.w, dt_bias, h, d + 3, ea));
 }
 /* beta after its mode: itself, sigmoid, or 2 sigmoid (§2.2) */
 static __device__ __forceinline__ float beta_act(const kp &p, float b) {
@@ -425,7 +440,7 @@ typedef void (*rows_tc_fn)(kp, const void *, ws, int);
 typedef void (*mat_tc_fn)(kp, const void *, const void *, void *, ws);
 typedef void (*final_tc_fn)(kp, const void *, const void *, const void *, const void *, const float *, const float *,
                             void *, void *, void *, void *, ws);
-intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv);
+intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv, bool gf);
 rows_tc_fn k_bwd_rows_tc_pick(bool pr, int kv);
 mat_tc_fn k_bwd_mat_tc_pick(bool pr, bool cm, int kv);
 /* the fast compact K = V = 64 form forming dW itself (kda_tc_bwd.cu's MW: beside
@@ -464,8 +479,8 @@ typedef void (*fwd_flow_fn)(kp, const void *, ws, int, rowin, const float *, voi
 /* k_fwd_flow with persistent intra blocks (kda_tc.cu; kv = 64 or 128, else null): (p, v, w, ri,
  * h0, o, ht, ns, lead, nroles) */
 typedef void (*fwd_flow_ps_fn)(kp, const void *, ws, rowin, const float *, void *, float *, int, int, int);
-fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv);
-fwd_flow_fn k_fwd_flow_pick(bool cm, int kv);
+fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv, bool gf);
+fwd_flow_fn k_fwd_flow_pick(bool cm, int kv, bool gf);
 /* k_state_bwd_tc_db and k_bwd_rows_tc as one grid (kda_tc_bwd.cu): the state blocks flag each
  * chunk's dS, dVn; fb = w.flow + 1 + NTu HV (k_bwd_flow's words); nz: V tiles a head */
 typedef void (*bwd_flow_fn)(kp, const void *, ws, const float *, float *, int, int, int, int *);

@@ -98,7 +98,7 @@ __global__ void k_chunk_table(kp p, ws w, int64_t NTu) { chunk_table(p, NTu, w.c
  * sums, no block barriers. It was a block of 128 threads per row with two block sums: 0.35 ms
  * at (8,2048,16,128) for ~0.6 GB of traffic, scheduling-bound. */
 __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const void *beta,
-                       const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
+                       const float *A_log, const float *dt_bias, ws w, int64_t NTu, int fast) {
   if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
   int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= p.B * p.T * p.HV) return;
@@ -117,7 +117,8 @@ __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const 
   for (int64_t d = lane; d < K; d += 32) {
     w.qn[io + d] = ldb(q, iq + d) * rq;
     w.kn[io + d] = ldb(k, iq + d) * rk;
-    w.G[io + d] = gate1(p, ldb(g, io + d), dt_bias, h, d, ea);
+    const float x = ldb(g, io + d);
+    w.G[io + d] = fast ? gate1<true>(p, x, dt_bias, h, d, ea) : gate1(p, x, dt_bias, h, d, ea);
   }
   if (lane == 0) w.b[row] = beta_act(p, ldb(beta, row));
 }
@@ -129,7 +130,7 @@ __global__ void k_rows(kp p, const void *q, const void *k, const void *g, const 
  * H200, (8,2048,16,128): 206 -> 149 us. */
 template <int NJ, int LW>
 __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const void *beta,
-                        const float *A_log, const float *dt_bias, ws w, int64_t NTu) {
+                        const float *A_log, const float *dt_bias, ws w, int64_t NTu, int fast) {
   if (blockIdx.x == gridDim.x - 1) return chunk_table(p, NTu, w.ctab, w.sfirst, w.flow);
   int64_t row = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / LW) + (threadIdx.x & 31) / LW;
   bool live = row < p.B * p.T * p.HV;              /* LW < 32: a dead half still shuffles */
@@ -159,7 +160,7 @@ __global__ void k_rows4(kp p, const void *q, const void *k, const void *g, const
     if (d >= K) break;
     *(float4 *)(w.qn + io + d) = make_float4(xq[j].x * rq, xq[j].y * rq, xq[j].z * rq, xq[j].w * rq);
     *(float4 *)(w.kn + io + d) = make_float4(xk[j].x * rk, xk[j].y * rk, xk[j].z * rk, xk[j].w * rk);
-    *(float4 *)(w.G + io + d) = gate4(p, xg[j], dt_bias, h, d, ea);
+    *(float4 *)(w.G + io + d) = fast ? gate4<true>(p, xg[j], dt_bias, h, d, ea) : gate4(p, xg[j], dt_bias, h, d, ea);
   }
   if (lane == 0 && live) w.b[row] = beta_act(p, ldb(beta, row));
 }
@@ -421,14 +422,15 @@ static void preload_kernels(int kv) {
   auto ld = [&](const void *f) { (void)cudaFuncGetAttributes(&fa, f); };
   for (int pr = 0; pr < 2; pr++) {
     for (int cm = 0; cm < 2; cm++)
-      ld((const void *)k_intra_tc_pick(pr, cm, kv)), ld((const void *)k_bwd_mat_tc_pick(pr, cm, kv)),
+      ld((const void *)k_intra_tc_pick(pr, cm, kv, false)), ld((const void *)k_intra_tc_pick(pr, cm, kv, true)),
+          ld((const void *)k_bwd_mat_tc_pick(pr, cm, kv)),
           ld((const void *)k_bwd_final_tc_pick(pr, cm, kv));
     ld((const void *)k_bwd_rows_tc_pick(pr, kv)), ld((const void *)k_state_bwd_tc_pick(pr, kv));
   }
   for (int f : {ST_FAST, ST_DB, ST_PRECISE}) ld((const void *)k_state_fwd_tc_pick(f, kv));
   ld((const void *)k_state_fwd_tc_pick(ST_DB, kv, BVN));
   ld((const void *)k_state_bwd_tc_db_pick(kv)), ld((const void *)k_state_bwd_tc_db_pick(kv, BVN));
-  ld((const void *)k_fwd_flow_pick(false, kv)), ld((const void *)k_fwd_flow_pick(true, kv));
+  for (int gf = 0; gf < 2; gf++) ld((const void *)k_fwd_flow_pick(false, kv, gf)), ld((const void *)k_fwd_flow_pick(true, kv, gf));
   ld((const void *)k_bwd_flow_pick(kv));
   if (kv) ld((const void *)k_state_fwd_tc_wide_pick(kv)), ld((const void *)k_state_bwd_tc_wide_pick(kv));
   if (kv == 128 && cc_major() == 9)   /* sm_90a's images only */
@@ -440,7 +442,7 @@ static void preload_kernels(int kv) {
   if (kv == 128) ld((const void *)k_bwd_mat_tc_h);
   if (kv == 64) ld((const void *)k_bwd_final_fr_ptr()), ld((const void *)k_bwd_mat_mw_ptr());
   if (kv && cc_major() >= 9)
-    ld((const void *)k_fwd_flow_ps_pick(kv));
+    ld((const void *)k_fwd_flow_ps_pick(kv, false)), ld((const void *)k_fwd_flow_ps_pick(kv, true));
   ld((const void *)k_rows4<1, 16>), ld((const void *)k_rows4<1, 32>);
   ld((const void *)k_rows4<2, 32>), ld((const void *)k_rows), ld((const void *)k_gate_reduce);
   ld((const void *)k_chunk_table);
@@ -597,6 +599,19 @@ static int use_compact(size_t wide, size_t compact) {
  * MW, k_bwd_mat_mw) and no rows kernel runs.
  * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
  * the rows kernel's products) */
+/* k_bwd_final_fr launched programmatically after k_bwd_mat_mw (fr == 2), where both run: the
+ * final kernel's blocks start on the SMs the mat kernel's last blocks free, and stage and form
+ * the rows kernel's products (reading nothing the mat kernel writes) before they wait for it
+ * (mma.cuh pdl_wait). The chunk grids end in a tail: at (8,512,4,64) each kernel is one wave,
+ * and the final kernel's staging and products are ~25% of its cycles a block (H200, s69c).
+ * Unlike the twentieth pass's form (every kernel waiting at its start: 0.242 -> 0.285 ms at
+ * (8,512,4,64), small state grids packing two blocks an SM), one edge, whose second grid has
+ * work to do before its wait. KDA_KDA_PDL=0 launches it the ordinary way (read per call:
+ * test_kda_cuda compares the two bit for bit); sm_90 and later only */
+static int use_pdl(void) {
+  const char *e = getenv("KDA_KDA_PDL");
+  return cc_major() >= 9 && !(e && strcmp(e, "0") == 0);
+}
 static int last_fr;                                /* kda_kda_cuda_last_fr */
 int kda_kda_cuda_last_fr(void) { return last_fr; }
 static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
@@ -724,6 +739,13 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
   return sm;
 }
 
+/* The forward's gate (gate_mode 1, 2) in its fast forms (kda_common.cuh gate_of<true>: one
+ * exponential, MUFU.RCP, log1p by its series) on the tensor-core path's fast calls, the IEEE
+ * forms on the precise ones and in version 1 (as the backward's chain: gate_chain_col<FAST>).
+ * Every kernel that forms G for a call asks this, so that the fronts agree bit for bit. The
+ * fast forms live in k_intra_tc's gated twin (GF), so that the pre-gated kernel's code stays
+ * as measured (fast forms in its shared gate loop cost it 1.7% by layout alone, s69c) */
+static int fast_gate(const kda_kda_args *a, int tc, int prec) { return tc && !prec && a->gate_mode != 0; }
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute);
  * intra = 0: all but intra (the forward's flow kernel runs intra with *ri).
  * Version 2 at K % 4 == 0, K <= 128, 8-byte aligned q, k, g: the fused front, k_intra_tc
@@ -759,20 +781,21 @@ static int front(const kda_kda_args *a, const kp &p, const void *q, const void *
       LAUNCH_OK("k_chunk_table", "kda cuda");
     }
   } else {                                         /* each row kernel's grid has one more block: the chunk table */
+    const int fg = fast_gate(a, tc, prec);
     if (a->K % 4 == 0 && al8 && a->K <= 64)
-      k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+      k_rows4<1, 16><<<(nbr + 1) / 2 + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu, fg);
     else if (a->K % 4 == 0 && al8 && a->K <= 128)
-      k_rows4<1, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+      k_rows4<1, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu, fg);
     else if (a->K % 4 == 0 && al8 && a->K <= 256)
-      k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
-    else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu);
+      k_rows4<2, 32><<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu, fg);
+    else k_rows<<<nbr + 1, 256, 0, st>>>(p, q, k, g, beta, A_log, dt_bias, w, NTu, fg);
     LAUNCH_OK("k_rows", "kda cuda");
   }
   if (!intra) return 0;
   if (tc) {
     int vt;
     size_t sm = intra_layout(a, v, &vt);
-    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a));
+    auto kern = k_intra_tc_pick(prec, vt == 2, kv_spec(a), fast_gate(a, tc, prec));
     if (smem_opt_in((const void *)kern, sm, a, op, prec ? "k_intra_tc_p" : "k_intra_tc")) return -1;
     if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
     kern<<<chunk_grid(p, NTu + tab, a->HV), chunk_threads(a, "intra", NTC), sm, st>>>(p, v, w, vt, *ri, tab);
@@ -863,7 +886,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       size_t smi = intra_layout(a, v, &vt), smf = smi > smd ? smi : smd;
       /* the persistent intra blocks (k_fwd_flow_ps) */
       const bool fps = vt == 1 && kv && ri.q && use_persist(a, q, k, g, v);
-      auto kern = k_fwd_flow_pick(vt == 2, kv);
+      auto kern = k_fwd_flow_pick(vt == 2, kv, fast_gate(a, tc, 0));
       if (smem_opt_in((const void *)kern, smf, a, op, "k_fwd_flow")) return -1;
       if (vt == 2 && carveout_max((const void *)kern, a, op)) return -1;
       /* lead: intra blocks started before the state blocks. From the start, the state blocks
@@ -877,7 +900,7 @@ extern "C" int kda_kda_cuda_forward(const kda_kda_args *a, const void *q, const 
       if (lead < 0 || lead > ni) lead = (int)ni;
       unsigned nb = (unsigned)(ns + ni);
       if (fps) {
-        auto kps = k_fwd_flow_ps_pick(kv);
+        auto kps = k_fwd_flow_ps_pick(kv, fast_gate(a, tc, 0));
         if (smem_opt_in((const void *)kps, smf, a, op, "k_fwd_flow_ps")) return -1;
         /* KDA_KDA_PERSIST_GRID=N: ns + N blocks (every one resident: the N that draw no state
          * role run every intra role; one of them is enough for progress) */
@@ -1083,8 +1106,13 @@ extern "C" int kda_kda_cuda_backward(const kda_kda_args *a, const void *q, const
     if (fr) {                                      /* fr implies fcm: 256 threads */
       auto kfr = k_bwd_final_fr_ptr();
       if (smem_opt_in((const void *)kfr, sm, a, op, "k_bwd_final_fr") || carveout_max((const void *)kfr, a, op)) return -1;
-      kfr<<<gc1, 256, sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
-                               qk_final ? dk : nullptr, w, dout);
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t lc = {gc1, dim3(256), sm, st, at, (unsigned)(fr == 2 && use_pdl())};
+      CUDA_OK(cudaLaunchKernelEx(&lc, kfr, p, q, k, g, beta, A_log, dt_bias, dg, dbeta, qk_final ? dq : nullptr,
+                                 qk_final ? dk : nullptr, w, dout),
+              "kda_kda_cuda_backward: launch k_bwd_final_fr");
     } else
       kfn<<<gc, chunk_threads(a, "final", fcm ? 256 : NTC), sm, st>>>(p, q, k, g, beta, A_log, dt_bias, dg, dbeta,
                                                                        qk_final ? dq : nullptr, qk_final ? dk : nullptr,

@@ -220,14 +220,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       }
     }
   };
-  PH_INIT(WG ? 6 : 5);                              /* k_bwd_final_wg: a row of its own (bwd_final_wg) */
-  float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
-  {                                                 /* asynchronous staging, zero-filled */
-    bool al = K % 4 == 0;
+  /* q, k (bf16) and G (pad rows repeat the last G: exponents <= 0); the wide forms' dKb (the
+   * mat kernel's) with them. FR (no dKb tile) issues it under its products, before it waits for
+   * the mat kernel */
+  auto stage_qkg = [&](bool al) {
     const int64_t hq = h / (HV / p.H);
     cp_tile_bf16(qb, QB, C, K16, n, K, q, t0, p.H, hq);
     cp_tile_bf16(kb, QB, C, K16, n, K, k, t0, p.H, hq);
-    /* pad rows repeat the last G: exponents <= 0 */
     if constexpr (WG) {
       cp_tile_sw(dKbs, n, [&](int r) { return dKbg + r * RS; });
       cp_tile_sw(Gs, C, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
@@ -235,7 +234,13 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
       if constexpr (KBS) cp_tile_f32(dKbs, KS, C, K16, n, (int)K, al, [&](int r) { return dKbg + r * RS; });
       cp_tile_f32(Gs, KS, C, K16, C, (int)K, al, [&](int r) { return w.G + ROWI(r < n ? r : n - 1) * K; });
     }
+  };
+  PH_INIT(WG ? 6 : 5);                              /* k_bwd_final_wg: a row of its own (bwd_final_wg) */
+  float *Xd = X + 32 * XS;                          /* the staged dKi, until the off-diagonal terms */
+  {                                                 /* asynchronous staging, zero-filled */
+    bool al = K % 4 == 0;
     if constexpr (FR) final_rows_stage(p, w, dout, X, cb, h, t0, n);
+    else stage_qkg(al);
     if constexpr (CM) {
       if constexpr (!FR) stage_cm(true, true, w.dA);   /* FR: dA formed here, dL staged after it */
     } else {
@@ -272,7 +277,7 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
   for (int r = tid; r < C; r += BT) {
     float2 f = r < n ? w.rn[ROWI(r)] : make_float2(0.f, 0.f);
     bs[r] = r < n ? w.b[ROWI(r)] : 0.f, rq[r] = f.x, rk[r] = f.y;
-    dbi[r] = r < n ? w.db[ROWI(r)] : 0.f;            /* the mat kernel's dbeta part; the R terms add theirs */
+    if constexpr (!FR) dbi[r] = r < n ? w.db[ROWI(r)] : 0.f;   /* the mat kernel's dbeta part (FR: below) */
   }
   cp_async_wait_all();
   /* Q16: the bf16 rows widened in place behind the staging's barrier. A thread reads back the
@@ -314,9 +319,19 @@ static __device__ __forceinline__ void bwd_final_tc(kp p, const void *q, const v
     __syncthreads();                                /* Xd whole for the dGn phase */
   }
   if constexpr (FR) {
+    /* q, k, G after the products' operands have landed, so that those land alone (the staging
+     * took all of them at once, and the products waited for the last byte) and these land while
+     * the products run; nothing in the products reads them. The dGn phase reads G first */
+    stage_qkg(K % 4 == 0);
+    cp_async_commit();
     final_rows_products(p, X, dAs, dGs, dGn, Xd, XS, CS, KS, n);
+    /* what the mat kernel wrote from here on (dL, dbeta's part, dKb): launched programmatically
+     * (kda_cuda.cu use_pdl), this grid ran the above beside that kernel's last blocks */
+    pdl_wait();
+    for (int r = tid; r < C; r += BT) dbi[r] = r < n ? w.db[ROWI(r)] : 0.f;   /* the R terms add theirs */
     stage_cm(false, true, w.dL);                    /* dL's rows into dA's tile, landing while the dGn phase runs */
     cp_async_commit();
+    cp_async_wait_group<1>();                       /* q, k, G (dL may fly) */
     __syncthreads();                                /* dKi0, dA, dgn written; the bf16 tiles dead */
   }
   PH(0);

@@ -72,7 +72,7 @@ struct raw_rows {
   const sbf *q, *k, *g;
   float beta;
 };
-template <int LW, int RW, bool RAW = false, class FM>
+template <int LW, int RW, bool GF, bool RAW = false, class FM>
 static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, const ws &w, float *qs, float *ks,
                                                   float *Gs, float *bs, int KS, int C, int n, int64_t t0,
                                                   int64_t h, FM mid, raw_rows raw = raw_rows{}) {
@@ -83,7 +83,10 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
    * after); at K <= 64 after them, where it was (before them: (32,512,4,64) fwd 0.121 -> 0.123
    * ms, H100 s56c, s56d). RAW: the rows from shared memory (raw) instead, in one
    * pass (asserted), a barrier after its reads, since mid() and the writes below overwrite the
-   * raw tiles (k_fwd_flow_ps puts them in A, L and k's room) */
+   * raw tiles (k_fwd_flow_ps puts them in A, L and k's room). GF: the gated twin (gate_mode 1
+   * or 2, the fast path: kda_cuda.cu fast_gate): the gate by its fast forms where each row's g
+   * is converted, the thread's four dt_bias columns loaded once; without GF the gate runs in a
+   * loop of its own in the IEEE forms (below: why) */
   const int64_t HV = p.HV, K = p.K, hq = h / (HV / p.H);
   const int ng = BT / LW, lane = threadIdx.x % LW, grp = threadIdx.x / LW, d = 4 * lane, K16 = r16(K);
   const int rb = threadIdx.x;
@@ -91,6 +94,11 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
   const float braw = RAW ? raw.beta : rb < n ? ldb(ri.beta, ROWI(rb)) : 0.f;
   const float alog = ri.A_log ? ri.A_log[h] : 0.f;   /* its e^x where the gate needs it, after the loads */
   const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 db = z4;                                  /* GF: dt_bias at this thread's columns (its d is fixed) */
+  if (GF && ri.dt_bias && d < K) {                 /* 4-byte alignment only (the API's promise) */
+    const float *b = ri.dt_bias + h * K + d;
+    db = make_float4(b[0], b[1], b[2], b[3]);
+  }
   for (int r0 = 0; r0 < C; r0 += RW * ng) {        /* the same trip count for every lane: shuffles */
     /* every load of the pass in flight together: q, k, g as loaded (ld4r), converted below;
      * a pad row or column loads the chunk's first element (no branch around a load: the
@@ -135,14 +143,20 @@ static __device__ __forceinline__ void intra_rows(const kp &p, const rowin &ri, 
       float4 qn = make_float4(xq.x * rq, xq.y * rq, xq.z * rq, xq.w * rq);
       float4 kn = make_float4(xk.x * rk, xk.y * rk, xk.z * rk, xk.w * rk);
       *(float4 *)(qs + r * KS + d) = qn, *(float4 *)(ks + r * KS + d) = kn;
-      *(float4 *)(Gs + r * KS + d) = live ? bf4(xr[2][u]) : z4;   /* the raw g: the gate below */
+      if (GF) {                                    /* the gate's value (gate1<true>'s arithmetic) */
+        float4 x = bf4(xr[2][u]);
+        const float ea = ri.A_log ? expf(alog) : 1.f;
+        x = make_float4(gate_of<true>(p, x.x + db.x, ea), gate_of<true>(p, x.y + db.y, ea),
+                        gate_of<true>(p, x.z + db.z, ea), gate_of<true>(p, x.w + db.w, ea));
+        *(float4 *)(Gs + r * KS + d) = live ? x : z4;
+      } else *(float4 *)(Gs + r * KS + d) = live ? bf4(xr[2][u]) : z4;   /* the raw g: the gate below */
       if (ri.wr && r < n && lane == 0) w.rn[ROWI(r)] = make_float2(rq, rk);
     }
     /* the gate's modes 1 and 2 on this thread's own elements of the pass, in a loop of its own
      * (not unrolled): inlined in the pass above, each unrolled row carried the three modes'
      * code (softplus, sigmoid, IEEE division's slow path), and a pre-gated chunk's few
      * instructions a row jumped across it (the gate chain's case, kda_common.cuh) */
-    if (p.gate_mode) {
+    if (!GF && p.gate_mode) {
       const float ea = ri.A_log ? expf(alog) : 1.f;
 #pragma unroll 1
       for (int u = 0; u < RW; u++) {
@@ -261,11 +275,13 @@ static __device__ __forceinline__ void ps_stage(const kp &p, const rowin &ri, co
 static __device__ __forceinline__ float ps_beta(const rowin &ri, int64_t tq, int64_t hh, int nr, int64_t HV, int tid) {
   return tid < nr ? ldb(ri.beta, (tq + tid) * HV + hh) : 0.f;
 }
-template <bool PR, bool CM, int KV, int NF, bool PS = false>   /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
+/* GF: intra_rows' gated twin (the fast path with a gate; the fused front only) */
+template <bool PR, bool CM, bool GF, int KV, int NF, bool PS = false>   /* NF: as bwd_final_tc's (kda_tc_bwd.cu) */
 static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int vt, const rowin &ri, int64_t t0,
                                                 int nrows, int64_t h, ps_io *io = nullptr) {
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   static_assert(!PS || (!PR && !CM && KV), "PS: the compiled fast wide form");
+  static_assert(!GF || !PR, "GF: the fast path's gated twin (the precise forms keep the IEEE gate)");
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
   const int n = NF ? NF : nrows;                   /* chunk_of's rows */
@@ -331,10 +347,10 @@ static __device__ __forceinline__ void intra_tc(kp p, const void *v, ws w, int v
     mbar_wait(io->bar, io->parity);
     io->parity ^= 1u;
     const raw_rows rr{(const sbf *)As, (const sbf *)Ls, (const sbf *)ks, io->beta};
-    if (K <= 64) intra_rows<16, 2, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
-    else intra_rows<32, 4, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
-  } else if (K <= 64) intra_rows<16, CM ? 1 : 2>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
-  else intra_rows<32, CM ? 1 : 4>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
+    if (K <= 64) intra_rows<16, 2, GF, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
+    else intra_rows<32, 4, GF, true>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero, rr);
+  } else if (K <= 64) intra_rows<16, CM ? 1 : 2, GF>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
+  else intra_rows<32, CM ? 1 : 4, GF>(p, ri, w, qs, ks, Gs, bs, KS, C, n, t0, h, zero);
   cp_async_wait_all();
   __syncthreads();
   PH(0);

@@ -47,7 +47,7 @@ size_t smem_intra_tc_compact(int64_t C, int64_t K, int64_t V) {
  * to 64 it spilled nothing at fb537d7; with the 32-bit store offsets (394078f) 4 / 36 bytes, the
  * kernel 31.3 us at (8,512,4,64) either way (the phase-timed build spills more: its counts there
  * run slower) */
-template <bool PR, bool CM, int KV>
+template <bool PR, bool CM, bool GF, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *v, ws w, int vt, rowin ri, int tab) {
   if (tab && blk_chunk(p) == grid_chunks(p) - 1) {
     if (!blk_head(p)) chunk_table(p, grid_chunks(p) - 1, w.ctab, w.sfirst, w.flow);
@@ -61,13 +61,15 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_intra_tc(kp p, const void *
   int n;
   chunk_of(p, w, blk_chunk(p), tab, &t0, &n);
   if (full_rows<PR, KV>(p, n))
-    intra_tc<PR, CM, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blk_head(p));
-  else intra_tc<PR, CM, KV, 0>(p, v, w, vt, ri, t0, n, blk_head(p));
+    intra_tc<PR, CM, GF, KV, FULL_NF<PR, KV>>(p, v, w, vt, ri, t0, n, blk_head(p));
+  else intra_tc<PR, CM, GF, KV, 0>(p, v, w, vt, ri, t0, n, blk_head(p));
 }
-intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv) {
-  static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false), KV_SLOTS(k_intra_tc, false, true)},
-                                         {KV_SLOTS(k_intra_tc, true, false), KV_SLOTS(k_intra_tc, true, true)}};
-  return t[pr][cm][kv_slot(kv)];
+/* gf: the gated twin (fast path only) */
+intra_tc_fn k_intra_tc_pick(bool pr, bool cm, int kv, bool gf) {
+  static const intra_tc_fn t[2][2][3] = {{KV_SLOTS(k_intra_tc, false, false, false), KV_SLOTS(k_intra_tc, false, true, false)},
+                                         {KV_SLOTS(k_intra_tc, true, false, false), KV_SLOTS(k_intra_tc, true, true, false)}};
+  static const intra_tc_fn g[2][3] = {KV_SLOTS(k_intra_tc, false, false, true), KV_SLOTS(k_intra_tc, false, true, true)};
+  return gf && !pr ? g[cm][kv_slot(kv)] : t[pr][cm][kv_slot(kv)];
 }
 
 /* ---- v2 state passes: per (sequence, head, 32 V columns), staged tiles + MMAs ------------- */
@@ -258,7 +260,7 @@ static __device__ __forceinline__ void flow_task(const kp &p, const ws &w, int r
   }
   chunk_of(p, w, (int)*cb, false, t0, n);
 }
-template <bool CM, int KV>
+template <bool CM, bool GF, int KV>
 __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *v, ws w, int vt, rowin ri,
                                                              const float *h0, void *o, float *ht, int ns, int lead) {
   __shared__ int role;
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
   int64_t t0, h, cb;
   int n;
   flow_task(p, w, r, lead, ns, &cb, &h, &t0, &n);
-  intra_tc<false, CM, KV, 0>(p, v, w, vt, ri, t0, n, h);
+  intra_tc<false, CM, GF, KV, 0>(p, v, w, vt, ri, t0, n, h);
   __syncthreads();                                 /* every thread's stores issued */
   flow_signal(w.flow + 1, (int)cb, h, p.HV);
 }
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(NTC, CM ? 2 : 1) k_fwd_flow(kp p, const void *
  * 6.3k, fwd (8,2048,16,128) 0.788-0.790 -> 0.823-0.826 ms (as session 29's cp.async form: the
  * copies slow the products whoever issues them); there the grid's 31 waves of one block an SM
  * already overlap one block's front with the others' work, here the intra blocks are fewer. */
-template <int KV>
+template <bool GF, int KV>
 __global__ void __launch_bounds__(NTC, 1) k_fwd_flow_ps(kp p, const void *v, ws w, rowin ri, const float *h0, void *o,
                                                         float *ht, int ns, int lead, int nroles) {
   __shared__ int role;
@@ -313,16 +315,20 @@ __global__ void __launch_bounds__(NTC, 1) k_fwd_flow_ps(kp p, const void *v, ws 
     io.nn = 0;
     if (rn < nroles && !(rn >= lead && rn < lead + ns)) flow_task(p, w, rn, lead, ns, &cbn, &io.hn, &io.t0n, &io.nn);
     io.staged = io.issued, io.beta = io.nbeta, io.issued = 0;
-    intra_tc<false, false, KV, 0, true>(p, v, w, 1, ri, t0, n, h, &io);
+    intra_tc<false, false, GF, KV, 0, true>(p, v, w, 1, ri, t0, n, h, &io);
     __syncthreads();                               /* every thread's stores issued */
     flow_signal(w.flow + 1, (int)cb, h, p.HV);
     r = rn;
   }
 }
-fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv) { return kv == 128 ? k_fwd_flow_ps<128> : kv == 64 ? k_fwd_flow_ps<64> : nullptr; }
-fwd_flow_fn k_fwd_flow_pick(bool cm, int kv) {
-  static const fwd_flow_fn t[2][3] = {KV_SLOTS(k_fwd_flow, false), KV_SLOTS(k_fwd_flow, true)};
-  return t[cm][kv_slot(kv)];
+fwd_flow_ps_fn k_fwd_flow_ps_pick(int kv, bool gf) {
+  if (gf) return kv == 128 ? k_fwd_flow_ps<true, 128> : kv == 64 ? k_fwd_flow_ps<true, 64> : nullptr;
+  return kv == 128 ? k_fwd_flow_ps<false, 128> : kv == 64 ? k_fwd_flow_ps<false, 64> : nullptr;
+}
+fwd_flow_fn k_fwd_flow_pick(bool cm, int kv, bool gf) {
+  static const fwd_flow_fn t[2][2][3] = {{KV_SLOTS(k_fwd_flow, false, false), KV_SLOTS(k_fwd_flow, true, false)},
+                                         {KV_SLOTS(k_fwd_flow, false, true), KV_SLOTS(k_fwd_flow, true, true)}};
+  return t[gf][cm][kv_slot(kv)];
 }
 
 /* The forward sweep of the backward state pass: from h0, per chunk, store the state entering

@@ -329,6 +329,9 @@ static __device__ __forceinline__ void bwd_mat_tc(kp p, const void *v, const voi
   constexpr int PT = PR ? P_3TF32 : P_TF32;
   kv_fix<KV, NTC>(p);
   extern __shared__ __align__(16) float sm[];
+  /* MW: the final kernel after this one (k_bwd_final_fr, launched programmatically) may start
+   * its blocks on the SMs this grid frees: its staging and products read nothing of this grid */
+  if constexpr (MW) pdl_trigger();
   const int *ct = w.ctab + 4 * blk_chunk(p);
   const int n = NF ? NF : ct[2];
   if (!n) return;

@@ -39,6 +39,22 @@ template <int N> static __device__ __forceinline__ void cp_async_wait_group() {
 /* every copy this thread issued has landed (committed or not) */
 static __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+/* Programmatic dependent launch (sm_90). A grid launched with programmatic stream
+ * serialization (kda_cuda.cu's FR launch) may start once every block of the grid before it has
+ * passed pdl_trigger (or exited); it must pdl_wait before it reads what that grid writes, or
+ * writes what that grid reads: the wait returns once that grid has completed and its memory is
+ * visible. Both are no-ops in a grid launched the ordinary way, and before sm_90. */
+static __device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* Hopper's bulk copies (sm_90: the copy engine, TMA, one-dimensional form): one thread names a
  * contiguous global span (16-byte aligned, a multiple of 16 bytes) and its shared destination,
  * and the engine moves it and counts its bytes on an mbarrier in shared memory. The threads

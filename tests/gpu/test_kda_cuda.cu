@@ -20,7 +20,9 @@
  * (KDA_KDA_FLOW=1 KDA_KDA_PERSIST=1, ns + 3 blocks) against the block-a-task intra kernel,
  * and (the compiled K = V = 64 shapes) the final and mat kernels forming the rows kernel's
  * products themselves (KDA_KDA_FR=1, 2; with one and two tile sets) against the rows kernel (=0),
- * bit for bit the same (on an sm_90 card, those forms having run: kda_kda_cuda_last_fr); the
+ * bit for bit the same (on an sm_90 card, those forms having run: kda_kda_cuda_last_fr), and the
+ * FR final kernel's programmatic launch after the mat kernel against the ordinary one
+ * (KDA_KDA_PDL=0; sm_90); the
  * compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the wgmma forward pass,
  * reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1, KDA_KDA_WGB=1,
  * KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all five) against the
@@ -516,6 +518,20 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
         else if (same) printf("ok - %s: rows products in the final and mat kernels (KDA_KDA_FR=1, 2) = the rows kernel's, bit for bit (%s)\n", name, st), npass++;
         else printf("FAIL - %s: rows products in the final and mat kernels differ from the rows kernel's (%s)%s%s\n", name, st, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
       }
+    }
+    /* the FR final kernel launched programmatically after the mat kernel (kda_cuda.cu use_pdl:
+     * its staging and products beside the mat kernel's last blocks, the rest after its
+     * griddepcontrol.wait; the default on sm_90 where FR = 2 runs) against the ordinary launch
+     * (KDA_KDA_PDL=0): a kept forward and its backward, the same bytes */
+    if (!(se && *se && strcmp(se, "0")) && kvc && a.K == 64 && !pk && !rc && cc_major() >= 9) {
+      env_scope nfl("KDA_KDA_FLOW", "0");           /* FR declines beside the flow kernel */
+      std::vector<std::vector<char>> got[2];
+      int ran = -1;
+      for (int f = 0; f < 2 && !rc; f++) rc = kept_run("KDA_KDA_PDL", f ? "1" : "0", 1, got[f]), ran = kda_kda_cuda_last_fr();
+      same = !rc && got[0] == got[1];
+      if (!rc && ran != 2) printf("# %s: the programmatic FR launch not compared: FR form %d ran\n", name, ran);
+      else if (same) printf("ok - %s: FR final kernel launched programmatically (KDA_KDA_PDL=1) = ordinary launch, bit for bit\n", name), npass++;
+      else printf("FAIL - %s: FR final kernel launched programmatically differs from the ordinary launch%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
     }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
      * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
