@@ -22,7 +22,7 @@
  * products themselves (KDA_KDA_FR=1, 2; with one and two tile sets) against the rows kernel (=0),
  * bit for bit the same (on an sm_90 card, those forms having run: kda_kda_cuda_last_fr), and the
  * FR final kernel's programmatic launch after the mat kernel against the ordinary one
- * (KDA_KDA_PDL=0; sm_90); the
+ * (KDA_KDA_PDL=0; sm_90), and in a captured CUDA graph; the
  * compiled K = V = 64 forms' wide layouts (KDA_KDA_COMPACT=0) and the wgmma forward pass,
  * reverse sweep, rows, mat and final kernels (K = V = 128, KDA_KDA_WG=1, KDA_KDA_WGB=1,
  * KDA_KDA_ROWSWG=1, KDA_KDA_MATWG=1, KDA_KDA_FINALWG=1; each alone, then all five) against the
@@ -532,6 +532,39 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
       if (!rc && ran != 2) printf("# %s: the programmatic FR launch not compared: FR form %d ran\n", name, ran);
       else if (same) printf("ok - %s: FR final kernel launched programmatically (KDA_KDA_PDL=1) = ordinary launch, bit for bit\n", name), npass++;
       else printf("FAIL - %s: FR final kernel launched programmatically differs from the ordinary launch%s%s\n", name, rc ? ": " : "", rc ? kda_last_error() : ""), nfail++;
+      /* the same forward and backward captured in a CUDA graph and replayed (as the trainer's
+       * whole-step graph and kda_bench's graph_ms run them: the programmatic launch becomes a
+       * programmatic edge of the graph) against the ordinary launches, the same bytes */
+      if (!rc && ran == 2 && same) {
+        env_scope pdl("KDA_KDA_PDL", "1");
+        cudaStream_t gs;
+        cudaGraph_t gr;
+        cudaGraphExec_t ge;
+        CK(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
+        CK(cudaMemset(wsd, 0x7f, wsb));
+        CK(cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal));
+        int r = kda_kda_cuda_forward(&ak, q, k, v, g, beta, A, dt, h0, od, htd, wsd, wsb, gs);
+        if (!r) CK(cudaMemsetAsync((char *)wsd + kb, 0x7f, (size_t)(wsb - kb), gs));
+        if (!r) r = kda_kda_cuda_backward(&ak, q, k, v, g, beta, A, dt, h0, dO, dht, dqd, dkd, dvd, dgd, dbd, dAd,
+                                          ddtd, dh0d, wsd, wsb, gs);
+        CK(cudaStreamEndCapture(gs, &gr));
+        std::vector<std::vector<char>> gg;
+        if (!r) {
+          CK(cudaGraphInstantiate(&ge, gr, 0));
+          for (auto &x : outs) CK(cudaMemset(x.first, 0x7f, x.second));   /* the replay must write every output */
+          CK(cudaGraphLaunch(ge, gs));
+          CK(cudaStreamSynchronize(gs));
+          CK(cudaGraphExecDestroy(ge));
+          for (auto &x : outs) {
+            gg.emplace_back(x.second);
+            CK(cudaMemcpy(gg.back().data(), x.first, x.second, cudaMemcpyDeviceToHost));
+          }
+        }
+        CK(cudaGraphDestroy(gr));
+        CK(cudaStreamDestroy(gs));
+        if (!r && gg == got[0]) printf("ok - %s: the programmatic launches in a CUDA graph = ordinary launches, bit for bit\n", name), npass++;
+        else printf("FAIL - %s: the programmatic launches in a CUDA graph differ from the ordinary launches%s%s\n", name, r ? ": " : "", r ? kda_last_error() : ""), nfail++;
+      }
     }
     /* the second-tile-set state passes run alone (flow kernels off) at 16 V columns a block
      * (KDA_KDA_STATE_BV=16; by default where twice the blocks still fit a wave; at the compiled
