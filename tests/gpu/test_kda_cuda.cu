@@ -552,6 +552,7 @@ static void run_case(const char *name, const spec &s, uint64_t seed = 0, int str
         if (!r) {
           CK(cudaGraphInstantiate(&ge, gr, 0));
           for (auto &x : outs) CK(cudaMemset(x.first, 0x7f, x.second));   /* the replay must write every output */
+          CK(cudaDeviceSynchronize());                /* the poison (legacy stream) before gs's replay: gs does not wait for it */
           CK(cudaGraphLaunch(ge, gs));
           CK(cudaStreamSynchronize(gs));
           CK(cudaGraphExecDestroy(ge));
