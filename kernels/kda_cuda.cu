@@ -599,19 +599,6 @@ static int use_compact(size_t wide, size_t compact) {
  * MW, k_bwd_mat_mw) and no rows kernel runs.
  * 0: neither. KDA_KDA_FR=0 / 1 caps it (read per call: test_kda_cuda holds each bit for bit to
  * the rows kernel's products) */
-/* k_bwd_final_fr launched programmatically after k_bwd_mat_mw (fr == 2), where both run: the
- * final kernel's blocks start on the SMs the mat kernel's last blocks free, and stage and form
- * the rows kernel's products (reading nothing the mat kernel writes) before they wait for it
- * (mma.cuh pdl_wait). The chunk grids end in a tail: at (8,512,4,64) each kernel is one wave,
- * and the final kernel's staging and products are ~25% of its cycles a block (H200, s69c).
- * Unlike the twentieth pass's form (every kernel waiting at its start: 0.242 -> 0.285 ms at
- * (8,512,4,64), small state grids packing two blocks an SM), one edge, whose second grid has
- * work to do before its wait. KDA_KDA_PDL=0 launches it the ordinary way (read per call:
- * test_kda_cuda compares the two bit for bit); sm_90 and later only */
-static int use_pdl(void) {
-  const char *e = getenv("KDA_KDA_PDL");
-  return cc_major() >= 9 && !(e && strcmp(e, "0") == 0);
-}
 static int last_fr;                                /* kda_kda_cuda_last_fr */
 int kda_kda_cuda_last_fr(void) { return last_fr; }
 static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
@@ -621,6 +608,21 @@ static int use_final_fr(const kda_kda_args *a, int prec, int kv, int flow) {
       !use_compact(smem_final_tc(a->chunk, a->K), smem_final_tc_compact(a->chunk, a->K)))
     return 0;
   return cap >= 2 && use_compact(smem_mat_tc(a->chunk, a->K, a->V), smem_mat_tc_compact(a->chunk, a->K, a->V)) ? 2 : 1;
+}
+/* k_bwd_final_fr launched programmatically after k_bwd_mat_mw (fr == 2), where both run: the
+ * final kernel's blocks start on the SMs the mat kernel's last blocks free, and stage and form
+ * the rows kernel's products (reading nothing the mat kernel writes) before they wait for it
+ * (mma.cuh pdl_wait). The chunk grids end in a tail: at (8,512,4,64) each kernel is one wave,
+ * and the final kernel's staging and products are ~25% of its cycles a block (H200, s69c).
+ * Unlike the twentieth pass's form (every kernel waiting at its start: 0.242 -> 0.285 ms at
+ * (8,512,4,64), small state grids packing two blocks an SM), one edge, whose second grid has
+ * work to do before its wait. Measured on the H100 (s71a, KDA_KDA_PDL=0 in the same binary):
+ * fwd+bwd in a graph (32,512,4,64) 0.404-0.406 -> 0.396-0.397 ms, (8,512,4,64) 0.128 ->
+ * 0.124-0.125. KDA_KDA_PDL=0 launches it the ordinary way (read per call: test_kda_cuda
+ * compares the two bit for bit, eagerly and in a graph); sm_90 and later only */
+static int use_pdl(void) {
+  const char *e = getenv("KDA_KDA_PDL");
+  return cc_major() >= 9 && !(e && strcmp(e, "0") == 0);
 }
 /* The fast mat kernel in three staging rounds, two blocks an SM (kda_mat_halves.cu), at the
  * compiled K = V = 128 (chunk 64); KDA_KDA_MATH=0 turns it off (read per call) */
@@ -744,7 +746,10 @@ static size_t intra_layout(const kda_kda_args *a, const void *v, int *vt) {
  * forms on the precise ones and in version 1 (as the backward's chain: gate_chain_col<FAST>).
  * Every kernel that forms G for a call asks this, so that the fronts agree bit for bit. The
  * fast forms live in k_intra_tc's gated twin (GF), so that the pre-gated kernel's code stays
- * as measured (fast forms in its shared gate loop cost it 1.7% by layout alone, s69c) */
+ * as measured (fast forms in its shared gate loop cost it 1.7% by layout alone, s69c).
+ * Measured on the H100 with the trainer's gate (s71a, KDA_BENCH_GATE=1, against the IEEE forms
+ * in the shared loop): fwd+bwd (8,2048,16,128) 2.321-2.331 -> 2.286-2.308 ms, (1,8192,16,128)
+ * 1.654-1.657 -> 1.613-1.627 (K = 128: no programmatic launch there) */
 static int fast_gate(const kda_kda_args *a, int tc, int prec) { return tc && !prec && a->gate_mode != 0; }
 /* the shared front: chunk table, rows, intra (used by forward and by the backward recompute);
  * intra = 0: all but intra (the forward's flow kernel runs intra with *ri).
